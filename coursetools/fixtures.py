@@ -1,0 +1,132 @@
+"""Fixture submissions: realistic wrong answers and alternative correct answers.
+
+Each is a small TOML file under tests/submissions/<assignment>/ that names the answer cells
+it replaces; every other answer cell gets the reference solution:
+
+    kind = "wrong"              # or "alternative" (a different correct approach)
+    description = "pick_device() hard-codes 'cpu': never looks for CUDA or MPS"
+    loses = ["test_pick_device_mocked"]   # test cells that must score 0; all others full
+
+    [answers]
+    pick_device = '''
+    def pick_device(name=None):
+        return torch.device("cpu")
+    '''
+
+The submission is the released notebook with these answers typed in, as a student would.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nbformat import NotebookNode
+
+from . import layout, notebooks
+
+KINDS = ("wrong", "alternative")
+
+
+class FixtureError(ValueError):
+    pass
+
+
+@dataclass
+class Fixture:
+    assignment: str
+    name: str
+    kind: str
+    description: str
+    loses: list[str]
+    answers: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def student_id(self) -> str:
+        return f"{self.kind}-{self.name}".replace("_", "-")
+
+
+def load(path: Path) -> Fixture:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise FixtureError(f"{path}: not valid TOML: {exc}") from None
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise FixtureError(f"{path}: kind must be one of {KINDS}, got {kind!r}")
+    fixture = Fixture(
+        assignment=path.parent.name,
+        name=path.stem,
+        kind=kind,
+        description=str(data.get("description", "")).strip(),
+        loses=list(data.get("loses", [])),
+        answers={k: str(v).strip("\n") for k, v in data.get("answers", {}).items()},
+        path=path,
+    )
+    if not fixture.description:
+        raise FixtureError(f"{path}: say in `description` which misconception it is")
+    if kind == "wrong" and not fixture.loses:
+        raise FixtureError(f"{path}: a wrong answer must lose points (`loses` is empty)")
+    if kind == "alternative" and fixture.loses:
+        raise FixtureError(f"{path}: an alternative correct answer must lose nothing")
+    if not fixture.answers:
+        raise FixtureError(f"{path}: [answers] replaces no answer cell")
+    return fixture
+
+
+def all_fixtures(root: Path = layout.ROOT) -> list[Fixture]:
+    out = []
+    for name in layout.assignments(root):
+        folder = root / "tests" / "submissions" / name
+        if folder.is_dir():
+            out.extend(load(p) for p in sorted(folder.glob("*.toml")))
+    return out
+
+
+def reference_answers(source: NotebookNode) -> dict[str, str]:
+    """grade_id -> the reference solution's code, markers removed."""
+    return {
+        notebooks.grade_id(c): notebooks.strip_solution_markers(c.source)
+        for c in source.cells if notebooks.is_solution(c)
+    }
+
+
+def fill(release: NotebookNode, answers: dict[str, str]) -> NotebookNode:
+    """The release with the given answer cells typed in (others stay as released)."""
+    nb = notebooks.clear_outputs(NotebookNode(release))
+    ids = {notebooks.grade_id(c) for c in nb.cells if notebooks.is_solution(c)}
+    unknown = sorted(set(answers) - ids)
+    if unknown:
+        raise FixtureError(f"no answer cell {', '.join(unknown)} (answer cells: {', '.join(sorted(ids))})")
+    for cell in nb.cells:
+        gid = notebooks.grade_id(cell)
+        if notebooks.is_solution(cell) and gid in answers:
+            cell.source = answers[gid]
+    return nb
+
+
+def solved_release(name: str, root: Path = layout.ROOT) -> NotebookNode:
+    """The released notebook with every reference answer filled in."""
+    source = notebooks.read(layout.source_notebook(name, root))
+    return fill(notebooks.read(layout.release_notebook(name, root)), reference_answers(source))
+
+
+def submission(fixture: Fixture, root: Path = layout.ROOT) -> NotebookNode:
+    source = notebooks.read(layout.source_notebook(fixture.assignment, root))
+    answers = reference_answers(source)
+    unknown = sorted(set(fixture.answers) - set(answers))
+    if unknown:
+        raise FixtureError(f"{fixture.path}: no answer cell {', '.join(unknown)}")
+    answers.update(fixture.answers)
+    return fill(notebooks.read(layout.release_notebook(fixture.assignment, root)), answers)
+
+
+def expected_scores(fixture: Fixture, source: NotebookNode) -> dict[str, float]:
+    """Test cell id -> the score this fixture must get."""
+    tests = {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(source)}
+    unknown = sorted(set(fixture.loses) - set(tests))
+    if unknown:
+        raise FixtureError(f"{fixture.path}: `loses` names no test cell {', '.join(unknown)}")
+    return {gid: 0.0 if gid in fixture.loses else pts for gid, pts in tests.items()}

@@ -1,0 +1,78 @@
+"""Where things live in the repository, and the course's configuration (`course.toml`)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE_DIR = ROOT / "course"
+SOLUTIONS_DIR = ROOT / "solutions"
+EXERCISES_DIR = ROOT / "exercises"
+TESTS_DIR = ROOT / "tests"
+SUBMISSIONS_DIR = TESTS_DIR / "submissions"
+
+CHAPTER_NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class CourseConfig:
+    title: str
+    github_repo: str
+    branch: str
+    tested_torch: str
+
+    def colab_url(self, relpath: str | Path) -> str:
+        """The "Open in Colab" address of a notebook, given its path in the repository."""
+        rel = Path(relpath).as_posix()
+        return f"https://colab.research.google.com/github/{self.github_repo}/blob/{self.branch}/{rel}"
+
+
+@functools.cache
+def config() -> CourseConfig:
+    """Read `course.toml` (title, GitHub repository, branch, tested torch release)."""
+    with open(ROOT / "course.toml", "rb") as fh:
+        data = tomllib.load(fh)
+    course = data["course"]
+    return CourseConfig(
+        title=course["title"],
+        github_repo=course["github_repo"],
+        branch=course["branch"],
+        tested_torch=course["tested_torch"],
+    )
+
+
+def assignments(root: Path = ROOT) -> list[str]:
+    """Names of the graded assignments (`solutions/NN_topic/NN_topic.ipynb`), in order."""
+    src = root / "solutions"
+    return sorted(
+        p.name for p in src.iterdir()
+        if p.is_dir() and CHAPTER_NAME.match(p.name) and (p / f"{p.name}.ipynb").exists()
+    )
+
+
+def source_notebook(name: str, root: Path = ROOT) -> Path:
+    return root / "solutions" / name / f"{name}.ipynb"
+
+
+def release_notebook(name: str, root: Path = ROOT) -> Path:
+    return root / "exercises" / name / f"{name}.ipynb"
+
+
+def lessons(root: Path = ROOT) -> list[Path]:
+    """Lesson notebooks, `course/NN_topic.ipynb`, in order."""
+    return sorted(p for p in (root / "course").glob("*.ipynb") if CHAPTER_NAME.match(p.stem))
+
+
+def all_notebooks(root: Path = ROOT) -> list[Path]:
+    """Every committed notebook of the course: lessons, solutions, released exercises."""
+    nbs = list(lessons(root))
+    for name in assignments(root):
+        nbs.append(source_notebook(name, root))
+        release = release_notebook(name, root)
+        if release.exists():
+            nbs.append(release)
+    return nbs

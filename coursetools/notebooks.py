@@ -1,0 +1,160 @@
+"""Reading, writing and inspecting course notebooks, nbgrader cells included.
+
+The predicates mirror `nbgrader.utils` (`is_grade`, `is_solution`, `is_locked`), which they
+are tested against; they are re-stated here because importing nbgrader costs ~2 s, and the
+learner's self-check should not pay it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import nbformat
+from nbformat import NotebookNode
+
+BEGIN_SOLUTION = "### BEGIN SOLUTION"
+END_SOLUTION = "### END SOLUTION"
+BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
+END_HIDDEN = "### END HIDDEN TESTS"
+# The stub nbgrader writes in place of a solution (nbgrader_config.py sets the same one).
+CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+# nbval permits (does not require) an exception in a cell with this tag.
+RAISES_TAG = "raises-exception"
+
+
+class NotebookError(Exception):
+    """A file that cannot be used as a notebook of this course; the message says why."""
+
+
+def read(path: str | Path) -> NotebookNode:
+    """Read a notebook, turning every kind of failure into a one-line `NotebookError`."""
+    path = Path(path)
+    if not path.exists():
+        raise NotebookError(f"no such file: {path}")
+    if path.is_dir():
+        raise NotebookError(f"{path} is a folder; give the path of an .ipynb file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise NotebookError(f"{path} is not a notebook: it is not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise NotebookError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            "was it saved completely? Re-download it or restore it from git"
+        ) from None
+    if not isinstance(data, dict) or "cells" not in data:
+        raise NotebookError(f"{path} is JSON but not a Jupyter notebook (no 'cells')")
+    try:
+        return nbformat.reads(text, as_version=4)
+    except Exception as exc:  # nbformat raises several types for malformed notebooks
+        raise NotebookError(f"{path} is not a readable notebook: {exc}") from None
+
+
+def write(nb: NotebookNode, path: str | Path) -> None:
+    """Write a notebook the way nbgrader and JupyterLab do (indent 1, sorted keys)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+def nbgrader_meta(cell: NotebookNode) -> dict[str, Any]:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def grade_id(cell: NotebookNode) -> str | None:
+    return nbgrader_meta(cell).get("grade_id")
+
+
+def is_solution(cell: NotebookNode) -> bool:
+    return bool(nbgrader_meta(cell).get("solution", False))
+
+
+def is_grade(cell: NotebookNode) -> bool:
+    return bool(nbgrader_meta(cell).get("grade", False))
+
+
+def is_locked(cell: NotebookNode) -> bool:
+    meta = nbgrader_meta(cell)
+    if is_solution(cell):
+        return False
+    return bool(is_grade(cell) or meta.get("locked", False))
+
+
+def is_test_cell(cell: NotebookNode) -> bool:
+    """An autograded test: a code cell with points that is not an answer cell."""
+    return cell.cell_type == "code" and is_grade(cell) and not is_solution(cell)
+
+
+def points(cell: NotebookNode) -> float:
+    return float(nbgrader_meta(cell).get("points", 0))
+
+
+def nbgrader_cells(nb: NotebookNode) -> Iterator[NotebookNode]:
+    for cell in nb.cells:
+        if grade_id(cell):
+            yield cell
+
+
+def test_cells(nb: NotebookNode) -> list[NotebookNode]:
+    return [c for c in nb.cells if is_test_cell(c)]
+
+
+def has_outputs(nb: NotebookNode) -> bool:
+    return any(
+        c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+        for c in nb.cells
+    )
+
+
+def clear_outputs(nb: NotebookNode) -> NotebookNode:
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    return nb
+
+
+def strip_solution_markers(source: str) -> str:
+    """A solution cell's code with the `### BEGIN/END SOLUTION` lines removed."""
+    keep = [
+        line for line in source.splitlines()
+        if line.strip() not in (BEGIN_SOLUTION, END_SOLUTION)
+    ]
+    return "\n".join(keep)
+
+
+def clear_solution(source: str, stub: str = CODE_STUB) -> str:
+    """What nbgrader's ClearSolutions leaves of an answer cell: the stub in place of the
+    marked region, at the region's indentation (or the whole cell when unmarked)."""
+    lines = source.splitlines()
+    if not any(line.strip() == BEGIN_SOLUTION for line in lines):
+        return stub
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped == BEGIN_SOLUTION:
+            indent = line[: len(line) - len(line.lstrip())]
+            out.extend(indent + stub_line for stub_line in stub.splitlines())
+            inside = True
+        elif stripped == END_SOLUTION:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def first_comment(source: str) -> str:
+    """The first docstring or comment line of a cell: what a test cell says it checks."""
+    for line in source.splitlines():
+        text = line.strip()
+        if not text:
+            continue
+        for prefix in ('"""', "'''", "#"):
+            if text.startswith(prefix):
+                return text.strip("\"'# ").strip()
+        return ""
+    return ""

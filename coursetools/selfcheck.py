@@ -1,0 +1,210 @@
+"""Grade one exercise notebook a learner edited, the way the instructor's autograder would.
+
+    python3 make.py check exercises/01_device_basics/01_device_basics.ipynb
+
+No nbgrader course, gradebook or database is needed, and the learner's file is only read.
+The graded copy is rebuilt from the learner's answers and the course's own cells:
+
+* every test cell and every locked cell comes from `solutions/` (hidden tests included), so
+  editing or deleting a test changes nothing;
+* every answer cell comes from the learner (an answer cell they deleted is the stub again);
+* cells the learner added stay where they were, but can never carry points.
+
+It then runs in a scratch folder, cell by cell; a test cell scores its points when it ran
+without an error and without writing to stderr (nbgrader's rule). A test that never ran
+(the kernel died or hung first) scores 0.
+Exit status: 0 full marks, 1 points missing, 2 the input could not be graded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nbformat import NotebookNode, v4
+
+from . import layout, notebooks
+from .execute import Outcome, execute_resilient
+from .notebooks import NotebookError
+
+
+@dataclass
+class QuestionResult:
+    grade_id: str
+    what: str
+    score: float
+    max_score: float
+    message: str = ""
+
+
+def _strip_hidden(source: str) -> str:
+    out, inside = [], False
+    for line in source.splitlines():
+        text = line.strip()
+        if text == notebooks.BEGIN_HIDDEN:
+            inside = True
+        elif text == notebooks.END_HIDDEN:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def find_assignment(nb: NotebookNode, path: Path, root: Path = layout.ROOT) -> str:
+    """The assignment whose cells this notebook carries (by nbgrader grade ids)."""
+    ids = {notebooks.grade_id(c) for c in notebooks.nbgrader_cells(nb)}
+    if not ids:
+        hint = ""
+        if path.parent.name == "course" or layout.CHAPTER_NAME.match(path.stem) and not (
+            path.parent.name == path.stem
+        ):
+            hint = " (lessons in course/ are not graded)"
+        raise NotebookError(
+            f"{path} is not an exercise notebook of this course: it has no graded cells"
+            f"{hint}; check a notebook from exercises/, e.g. "
+            "exercises/01_device_basics/01_device_basics.ipynb"
+        )
+    best, overlap = None, 0
+    for name in layout.assignments(root):
+        src = notebooks.read(layout.source_notebook(name, root))
+        common = len(ids & {notebooks.grade_id(c) for c in notebooks.nbgrader_cells(src)})
+        # The file name breaks ties ("01_device_basics (1).ipynb" from a download is fine).
+        if common > overlap or (common == overlap and common and path.stem.startswith(name)):
+            best, overlap = name, common
+    if best is None:
+        raise NotebookError(
+            f"{path} has nbgrader cells, but none of any assignment of this course "
+            f"({', '.join(layout.assignments(root))})"
+        )
+    return best
+
+
+def rebuild(learner: NotebookNode, source: NotebookNode, visible_only: bool = False) -> NotebookNode:
+    """The notebook to grade: the course's cells, with the learner's answers and extra cells."""
+    answers: dict[str, NotebookNode] = {}
+    extras: dict[str | None, list[NotebookNode]] = {}
+    known = {notebooks.grade_id(c) for c in notebooks.nbgrader_cells(source)}
+    anchor: str | None = None
+    for cell in learner.cells:
+        gid = notebooks.grade_id(cell)
+        if gid in known:
+            anchor = gid
+            answers[gid] = cell
+        else:
+            extra = v4.new_code_cell(cell.source) if cell.cell_type == "code" else None
+            if extra is not None:  # learner's own code cells run; their markdown is irrelevant
+                extras.setdefault(anchor, []).append(extra)
+    cells: list[NotebookNode] = list(extras.get(None, []))
+    for cell in source.cells:
+        gid = notebooks.grade_id(cell)
+        new = NotebookNode(dict(cell))
+        new.metadata = NotebookNode(dict(cell.metadata))
+        if gid and notebooks.is_solution(cell):
+            mine = answers.get(gid)
+            new.source = mine.source if mine is not None else notebooks.clear_solution(cell.source)
+        elif visible_only and notebooks.is_test_cell(cell):
+            new.source = _strip_hidden(cell.source)
+        if new.cell_type == "code":
+            new.outputs, new.execution_count = [], None
+        cells.append(new)
+        if gid:
+            cells.extend(extras.get(gid, []))
+    graded = v4.new_notebook(metadata=source.metadata)
+    graded.cells = cells
+    return graded
+
+
+def _message(cell: NotebookNode, outcome: Outcome) -> str:
+    if outcome is Outcome.NOT_RUN:
+        return "did not run: the kernel crashed or hung too often before this test"
+    for out in cell.outputs:
+        if out.output_type == "error":
+            if out.ename == "NotImplementedError":
+                return "not answered yet: the answer cell still raises NotImplementedError"
+            if out.ename == "NameError":
+                return f"NameError: {out.evalue} (did the answer cell run without an error?)"
+            return f"{out.ename}: {out.evalue}".strip()
+        if out.output_type == "stream" and out.get("name") == "stderr":
+            first = out.text.strip().splitlines()[0] if out.text.strip() else ""
+            return ("wrote to stderr, which scores 0 under nbgrader (a warning?): "
+                    f"{first}")
+    return ""
+
+
+def score_cells(nb: NotebookNode, outcomes: list[Outcome]) -> list[QuestionResult]:
+    """Points per test cell: nbgrader's `determine_grade` rule, plus "never ran" scores 0."""
+    results = []
+    for i, cell in enumerate(nb.cells):
+        if not notebooks.is_test_cell(cell):
+            continue
+        max_score = notebooks.points(cell)
+        ran_clean = outcomes[i] is Outcome.OK
+        results.append(QuestionResult(
+            grade_id=notebooks.grade_id(cell) or f"cell {i}",
+            what=notebooks.first_comment(cell.source),
+            score=max_score if ran_clean else 0.0,
+            max_score=max_score,
+            message="" if ran_clean else _message(cell, outcomes[i]),
+        ))
+    return results
+
+
+def check(path: Path, *, timeout: int = 60, visible_only: bool = False,
+          root: Path = layout.ROOT) -> tuple[str, list[QuestionResult]]:
+    learner = notebooks.read(path)
+    name = find_assignment(learner, path, root)
+    source = notebooks.read(layout.source_notebook(name, root))
+    graded = rebuild(learner, source, visible_only=visible_only)
+    with tempfile.TemporaryDirectory(prefix="selfcheck-") as scratch:
+        report = execute_resilient(graded, cwd=scratch, timeout=timeout)
+    return name, score_cells(graded, report.outcomes)
+
+
+def format_report(path: Path, name: str, results: list[QuestionResult], seconds: float,
+                  visible_only: bool) -> str:
+    which = "visible tests only" if visible_only else "visible and hidden tests"
+    lines = [f"Self-check of {path} (assignment {name}; {which}; your file is not modified)", ""]
+    width = max((len(r.grade_id) for r in results), default=10)
+    for r in results:
+        mark = "ok  " if r.score == r.max_score else "FAIL"
+        lines.append(f"  {mark} {r.score:g}/{r.max_score:g}  {r.grade_id:<{width}}  {r.what}")
+        if r.message:
+            wrapped = textwrap.shorten(r.message.replace("\n", " "), width=400)
+            lines.append(textwrap.indent(textwrap.fill(wrapped, width=96), " " * 12))
+    total = sum(r.score for r in results)
+    possible = sum(r.max_score for r in results)
+    lines += ["", f"Score: {total:g}/{possible:g}   ({seconds:.1f} s)"]
+    if total < possible:
+        lines.append("Fix the first failing question first: later ones often use its answer.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 make.py check",
+        description="Grade one exercise notebook you edited, with the course's own tests.",
+    )
+    parser.add_argument("notebook", type=Path, help="e.g. exercises/01_device_basics/01_device_basics.ipynb")
+    parser.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
+    parser.add_argument("--visible-only", action="store_true",
+                        help="run only the tests you can see in the notebook (as in Colab)")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        name, results = check(args.notebook, timeout=args.timeout, visible_only=args.visible_only)
+    except NotebookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_report(args.notebook, name, results, time.perf_counter() - start, args.visible_only))
+    if not results:
+        return 2
+    return 0 if all(r.score == r.max_score for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

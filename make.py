@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""One entry point for learners, instructors and maintainers. Needs only Python 3.9+ and pip.
+
+    python3 make.py lab                 install (first time) and open the course in JupyterLab
+    python3 make.py test                install (first time) and run the whole test suite
+    python3 make.py check NOTEBOOK      grade one exercise notebook you edited
+    python3 make.py release [NAME ...]  regenerate exercises/ from solutions/ with nbgrader
+    python3 make.py links               rewrite every notebook's "Open in Colab" link
+    python3 make.py author-check NAME   quick checks of one chapter while you write it
+    python3 make.py grade-class ...     grade a class's submissions (see README, instructors)
+
+Everything is installed into ./.venv, never into your system Python. The first run takes a
+few minutes; later runs reinstall only when requirements change. PyTorch: if .venv already
+has a torch in the supported range (requirements.txt), it is kept; otherwise the release the
+tests are pinned to (course.toml: tested_torch) is installed. To use another build (e.g. a
+CUDA wheel on Windows), install it into .venv first, or set TORCH_SPEC, e.g.
+TORCH_SPEC="torch==2.7.1".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".course-installed"
+REQUIREMENTS = ROOT / "requirements.txt"
+DEV_REQUIREMENTS = ROOT / "requirements-dev.txt"
+
+if sys.version_info < (3, 9):
+    sys.exit("error: Python 3.9 or newer is needed (3.11 is what the course is tested on)")
+
+
+def venv_python() -> Path:
+    if os.name == "nt":
+        return VENV / "Scripts" / "python.exe"
+    return VENV / "bin" / "python"
+
+
+def tested_torch() -> str:
+    text = (ROOT / "course.toml").read_text(encoding="utf-8")
+    match = re.search(r'^tested_torch\s*=\s*"([^"]+)"', text, re.M)
+    if not match:
+        sys.exit("error: course.toml has no tested_torch = \"X.Y.Z\" line")
+    return match.group(1)
+
+
+def run(cmd: list[str], **kw) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    result = subprocess.run([str(c) for c in cmd], **kw)
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def torch_in_range(py: Path) -> bool:
+    """True when .venv has a torch that requirements.txt accepts."""
+    spec = next(line.strip() for line in REQUIREMENTS.read_text().splitlines()
+                if line.strip().startswith("torch"))
+    code = (
+        "import sys\n"
+        "try:\n"
+        "    from importlib.metadata import version\n"
+        "    from packaging.requirements import Requirement\n"
+        f"    ok = Requirement({spec!r}).specifier.contains(version('torch').split('+')[0])\n"
+        "except Exception:\n"
+        "    ok = False\n"
+        "sys.exit(0 if ok else 1)\n"
+    )
+    return subprocess.run([str(py), "-c", code], capture_output=True).returncode == 0
+
+
+def ensure_env(dev: bool) -> Path:
+    """Create .venv and install what the course needs (and, with `dev`, what tests need)."""
+    py = venv_python()
+    if not py.exists():
+        print(f"Creating the virtual environment {VENV} ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    files = [REQUIREMENTS] + ([DEV_REQUIREMENTS] if dev else [])
+    torch_spec = os.environ.get("TORCH_SPEC", f"torch=={tested_torch()}")
+    digest = hashlib.sha256(
+        b"".join(f.read_bytes() for f in files) + torch_spec.encode()
+    ).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == digest:
+        return py
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check"]
+    run(pip + ["--quiet", "--upgrade", "pip", "packaging"])
+    if "TORCH_SPEC" in os.environ or not torch_in_range(py):
+        # Installed on its own first, so the range in requirements.txt is already met and
+        # pip does not reach for the newest (multi-GB) build.
+        run(pip + [torch_spec])
+    for f in files:
+        run(pip + ["-r", f])
+    STAMP.write_text(digest)
+    return py
+
+
+def jupyter_env() -> dict[str, str]:
+    """Make Jupyter find this environment's kernel ("python3") before any user-wide one."""
+    env = dict(os.environ)
+    share = str(VENV / "share" / "jupyter")
+    env["JUPYTER_PATH"] = os.pathsep.join(p for p in [share, env.get("JUPYTER_PATH", "")] if p)
+    env["PYTHONNOUSERSITE"] = "1"
+    bindir = str(venv_python().parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")  # nbgrader shells out to alembic
+    return env
+
+
+# make.py subcommand -> coursetools module that implements it
+MODULES = {"check": "selfcheck", "release": "release", "links": "links",
+           "author-check": "authorcheck", "grade-class": "classroom"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    command, args = argv[0], argv[1:]
+    if command == "lab":
+        py = ensure_env(dev=False)
+        run([py, "-m", "jupyter", "lab", "course/00_start_here.ipynb", *args],
+            cwd=ROOT, env=jupyter_env())
+    elif command == "test":
+        py = ensure_env(dev=True)
+        run([py, "-m", "pytest", *args], cwd=ROOT, env=jupyter_env())
+    elif command in MODULES:
+        py = ensure_env(dev=False)
+        module = MODULES[command]
+        run([py, "-m", f"coursetools.{module}", *args], cwd=os.getcwd(),
+            env={**jupyter_env(), "PYTHONPATH": str(ROOT)})
+    else:
+        print(f"error: unknown command {command!r}\n{__doc__}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
