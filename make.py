@@ -6,6 +6,7 @@
     python3 make.py check NOTEBOOK      grade one exercise notebook you edited
     python3 make.py release [NAME ...]  regenerate exercises/ from solutions/ with nbgrader
     python3 make.py links               rewrite every notebook's "Open in Colab" link
+    python3 make.py new-chapter NN_topic "Title"   start a chapter from the template
     python3 make.py author-check NAME   quick checks of one chapter while you write it
     python3 make.py grade-class ...     grade a class's submissions (see README, instructors)
 
@@ -113,7 +114,7 @@ def jupyter_env() -> dict[str, str]:
 
 # make.py subcommand -> coursetools module that implements it
 MODULES = {"check": "selfcheck", "release": "release", "links": "links",
-           "author-check": "authorcheck", "grade-class": "classroom"}
+           "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom"}
 
 
 def main(argv: list[str]) -> int:

@@ -87,6 +87,7 @@ def execute_resilient(
             kernel_name=kernel_name,
             allow_errors=True,
             interrupt_on_timeout=False,
+            shutdown_kernel="immediate",
             resources={"metadata": {"path": str(cwd)}},
             **(client_kwargs or {}),
         )
@@ -120,6 +121,9 @@ def execute_resilient(
                 report.notes.append(f"cell {replaying}: broke when replayed ({exc!r})")
             elif index < len(nb.cells):
                 cell = nb.cells[index]
+                # Keep what the cell printed; drop the kernel's own traceback of the interrupt.
+                cell.outputs = [o for o in cell.outputs
+                                if o.output_type == "stream" and o.get("name") == "stdout"]
                 if isinstance(exc, CellTimeoutError):
                     outcomes[index] = Outcome.TIMEOUT
                     cell.outputs.append(error_output(

@@ -124,7 +124,7 @@ def _message(cell: NotebookNode, outcome: Outcome) -> str:
         return "did not run: the kernel crashed or hung too often before this test"
     for out in cell.outputs:
         if out.output_type == "error":
-            if out.ename == "NotImplementedError":
+            if out.ename == "NotImplementedError" and not out.evalue.strip():
                 return "not answered yet: the answer cell still raises NotImplementedError"
             if out.ename == "NameError":
                 return f"NameError: {out.evalue} (did the answer cell run without an error?)"

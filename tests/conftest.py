@@ -1,0 +1,26 @@
+"""Shared fixtures of the course's test suite."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Run order: cheap static checks first, then notebooks (nbval), then nbgrader grading.
+_ORDER = ["test_repo", "test_notebooks_static", "test_release", "test_selfcheck", "test_tooling"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item):
+        path = Path(str(item.fspath))
+        if path.suffix == ".ipynb":
+            return len(_ORDER)
+        if path.stem in _ORDER:
+            return _ORDER.index(path.stem)
+        return len(_ORDER) + 1
+    items.sort(key=rank)  # stable: keeps pytest's order inside each group

@@ -1,0 +1,102 @@
+"""Grading through nbgrader itself: solutions score full marks, the untouched release zero,
+and every fixture submission (tests/submissions/) exactly the points it declares.
+
+One scratch nbgrader course (temporary folder, SQLite gradebook) holds every assignment;
+each assignment is autograded once, for all its submissions, the first time a test needs it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from coursetools import fixtures, layout, notebooks
+from coursetools.nbgrader_course import NbgraderCourse
+
+ASSIGNMENTS = layout.assignments()
+FIXTURES = fixtures.all_fixtures()
+
+
+@pytest.fixture(scope="session")
+def course(tmp_path_factory):
+    return NbgraderCourse(tmp_path_factory.mktemp("nbgrader-course"))
+
+
+class Graded:
+    """The autograde results of one assignment, for every submission, computed once."""
+
+    def __init__(self, course: NbgraderCourse, name: str):
+        self.course, self.name = course, name
+        self.source = notebooks.read(layout.source_notebook(name))
+        self.points = {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(self.source)}
+        course.generate(name)
+        self.submissions = {
+            "solution": self.source,
+            "untouched-release": notebooks.read(layout.release_notebook(name)),
+        }
+        for fx in FIXTURES:
+            if fx.assignment == name:
+                self.submissions[fx.student_id] = fixtures.submission(fx)
+        for student, nb in self.submissions.items():
+            course.submit(student, name, nb)
+        self.log = course.autograde(name)
+        self.grades = course.grades(name, list(self.submissions))
+
+    def explain(self, student: str, expected: dict[str, float]) -> str:
+        """A readable account of what a submission scored, and why, for failure messages."""
+        got = self.grades.get(student)
+        if got is None:
+            return (f"nbgrader produced no grades for {student!r} (the submission was aborted).\n"
+                    f"autograde log:\n{self.log.stdout[-3000:]}\n{self.log.stderr[-3000:]}")
+        lines = []
+        try:
+            graded_nb = self.course.autograded_notebook(student, self.name)
+            errors = {notebooks.grade_id(c): next(
+                (f"{o.ename}: {o.evalue}" for o in c.outputs if o.output_type == "error"),
+                next((o.text for o in c.outputs if o.output_type == "stream" and o.name == "stderr"), ""))
+                for c in graded_nb.cells if notebooks.grade_id(c)}
+        except Exception:  # noqa: BLE001 - diagnostics only
+            errors = {}
+        for gid, want in expected.items():
+            grade = got.get(gid)
+            score = None if grade is None else grade.score
+            mark = "  " if score == want else "!!"
+            lines.append(f"{mark} {gid}: scored {score}, expected {want}  {errors.get(gid, '')[:300]}")
+        return "\n".join(lines)
+
+    def scores(self, student: str) -> dict[str, float | None] | None:
+        got = self.grades.get(student)
+        if got is None:
+            return None
+        return {gid: (g.score if not g.needs_manual_grade else None) for gid, g in got.items()}
+
+
+_graded: dict[str, Graded] = {}
+
+
+@pytest.fixture
+def graded(course):
+    def get(name: str) -> Graded:
+        if name not in _graded:
+            _graded[name] = Graded(course, name)
+        return _graded[name]
+    return get
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_solution_autogrades_to_full_marks(graded, name):
+    g = graded(name)
+    assert g.scores("solution") == g.points, g.explain("solution", g.points)
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_untouched_release_autogrades_to_zero(graded, name):
+    g = graded(name)
+    zero = {gid: 0.0 for gid in g.points}
+    assert g.scores("untouched-release") == zero, g.explain("untouched-release", zero)
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=[f"{f.assignment}/{f.kind}/{f.name}" for f in FIXTURES])
+def test_fixture_submission_scores_as_declared(graded, fx):
+    g = graded(fx.assignment)
+    expected = fixtures.expected_scores(fx, g.source)
+    assert g.scores(fx.student_id) == expected, f"{fx.description}\n" + g.explain(fx.student_id, expected)

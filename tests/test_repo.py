@@ -1,0 +1,80 @@
+"""Repository hygiene: requirements, environment.yml, the two commands, CI, ignores."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+from coursetools import layout
+
+ROOT = layout.ROOT
+
+
+def _req_lines(text: str) -> list[str]:
+    return [line.split("#")[0].strip() for line in text.splitlines()
+            if line.split("#")[0].strip() and not line.strip().startswith("-")]
+
+
+def _env_pip_lines() -> list[str]:
+    text = (ROOT / "environment.yml").read_text()
+    block = text.split("- pip:", 1)[1]
+    return [m.group(1).strip() for m in re.finditer(r"^\s+-\s+(.+)$", block, re.M)]
+
+
+def test_environment_yml_names_the_same_packages_as_requirements():
+    req = sorted(_req_lines((ROOT / "requirements.txt").read_text()))
+    env = sorted(_env_pip_lines())
+    assert req == env, (
+        "requirements.txt and environment.yml drifted apart:\n"
+        f"  only in requirements.txt: {sorted(set(req) - set(env))}\n"
+        f"  only in environment.yml:  {sorted(set(env) - set(req))}")
+    assert "python=3.11" in (ROOT / "environment.yml").read_text()
+
+
+def test_torch_is_a_range_that_contains_the_tested_release():
+    from packaging.requirements import Requirement
+    torch = next(Requirement(line) for line in _req_lines((ROOT / "requirements.txt").read_text())
+                 if line.startswith("torch"))
+    specs = {s.operator for s in torch.specifier}
+    assert ">=" in specs and "<" in specs and "==" not in specs, f"torch must be a range, got {torch}"
+    assert torch.specifier.contains(layout.config().tested_torch)
+
+
+def test_course_toml_is_complete():
+    data = tomllib.loads((ROOT / "course.toml").read_text())["course"]
+    assert re.fullmatch(r"[\w.-]+/[\w.-]+", data["github_repo"])
+    assert data["branch"] and data["title"]
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python3 make.py test" in readme and "python3 make.py lab" in readme
+    assert re.search(r"^python3 make\.py test\b", ci, re.M), ".ci/run must run the README's test command, unchanged"
+
+
+def test_the_two_commands_are_at_the_top_of_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    head = readme[: readme.find("## ", readme.find("## ") + 1)]
+    assert "python3 make.py lab" in head and "python3 make.py test" in head
+
+
+def test_grading_artefacts_are_ignored():
+    ignored = (ROOT / ".gitignore").read_text().split()
+    for entry in ("gradebook.db", "submitted/", "autograded/", "feedback/", ".venv/"):
+        assert entry in ignored, f".gitignore must list {entry}"
+
+
+def test_every_chapter_is_in_the_readme_course_map():
+    from coursetools import links
+    readme = (ROOT / "README.md").read_text()
+    assert links.course_map() in readme, "README's course map is stale: run `python3 make.py links`"
+    cfg = layout.config()
+    for lesson in layout.lessons():
+        rel = lesson.relative_to(ROOT).as_posix()
+        assert f"({rel})" in readme, f"README course map has no link to {rel}"
+        assert cfg.colab_url(rel) in readme, f"README course map has no Colab link for {rel}"
+    for name in layout.assignments():
+        rel = f"exercises/{name}/{name}.ipynb"
+        assert f"({rel})" in readme, f"README course map has no link to {rel}"
+        assert cfg.colab_url(rel) in readme, f"README course map has no Colab link for {rel}"

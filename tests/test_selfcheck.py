@@ -1,0 +1,128 @@
+"""The learner's self-check: `python3 make.py check NOTEBOOK` (coursetools.selfcheck).
+
+Driven as a learner drives it, through the command line, on chapter 01's release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from coursetools import fixtures, layout, notebooks
+
+NAME = "01_device_basics"
+
+
+def run_check(path, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "coursetools.selfcheck", str(path), *args],
+                          cwd=layout.ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def write_variant(tmp_path, filename, edit=None, answers=None):
+    """The release, with reference answers (or `answers`) typed in, then `edit(nb)` applied."""
+    source = notebooks.read(layout.source_notebook(NAME))
+    reference = fixtures.reference_answers(source)
+    nb = fixtures.fill(notebooks.read(layout.release_notebook(NAME)), {**reference, **(answers or {})})
+    if edit:
+        edit(nb)
+    path = tmp_path / filename
+    notebooks.write(nb, path)
+    return path
+
+
+def cell(nb, gid):
+    return next(c for c in nb.cells if notebooks.grade_id(c) == gid)
+
+
+def test_reference_answers_get_full_marks_and_exit_0(tmp_path):
+    path = write_variant(tmp_path, f"{NAME}.ipynb")
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    out = run_check(path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Score: 18/18" in out.stdout
+    for gid in ("test_pick_device_auto", "test_common_device_scalars", "test_build_on_restores"):
+        assert gid in out.stdout
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before, "the learner's file must never be modified"
+
+
+def test_untouched_release_scores_zero_and_says_not_answered():
+    path = layout.release_notebook(NAME)
+    before = path.read_bytes()
+    out = run_check(path)
+    assert out.returncode == 1
+    assert "Score: 0/18" in out.stdout and "not answered yet" in out.stdout
+    assert path.read_bytes() == before
+
+
+def test_editing_or_deleting_tests_does_not_help(tmp_path):
+    """A wrong answer, its test cell replaced by `pass`, another test cell deleted: the course's
+    own tests (hidden ones included) are restored, and the failing assertion is printed."""
+    wrong = fixtures.load(layout.SUBMISSIONS_DIR / NAME / "pick_device_hardcodes_cpu.toml")
+
+    def tamper(nb):
+        cell(nb, "test_pick_device_auto").source = "pass  # tests are for other people"
+        nb.cells.remove(cell(nb, "test_pick_device_named"))
+    path = write_variant(tmp_path, "tampered.ipynb", edit=tamper, answers=wrong.answers)
+    out = run_check(path)
+    assert out.returncode == 1
+    assert "Score: 12/18" in out.stdout, out.stdout
+    assert "on a machine without any GPU expected cpu" in out.stdout or "expected cuda:0" in out.stdout
+    assert "FAIL 0/3  test_pick_device_named" in out.stdout
+
+
+def test_visible_only_runs_only_the_tests_the_learner_sees(tmp_path):
+    """pick_device_forgets_mps fails only a hidden test: visible-only mode gives it full marks."""
+    wrong = fixtures.load(layout.SUBMISSIONS_DIR / NAME / "pick_device_forgets_mps.toml")
+    path = write_variant(tmp_path, "mps.ipynb", answers=wrong.answers)
+    assert "Score: 18/18" in run_check(path, "--visible-only").stdout
+    assert "Score: 15/18" in run_check(path).stdout
+
+
+def test_a_crash_costs_only_the_questions_that_need_the_crashed_code(tmp_path):
+    """os._exit in one answer: its tests score 0 ("kernel died"), every other question is still
+    graded (fresh kernel, earlier cells replayed); a test that never ran would score 0 too."""
+    crash = "import os\ndef common_device(tensors):\n    os._exit(3)\n"
+    path = write_variant(tmp_path, "crash.ipynb", answers={"common_device": crash})
+    out = run_check(path)
+    assert out.returncode == 1
+    assert "Score: 13/18" in out.stdout, out.stdout
+    assert "kernel died" in " ".join(out.stdout.split())
+    assert "ok   2/2  test_build_on_restores" in out.stdout, "questions after the crash must still be graded"
+
+
+def test_an_endless_loop_costs_its_question_only(tmp_path):
+    loop = "def seeded_randn(shape, seed, device='cpu', dtype=torch.float32):\n    while True:\n        pass\n"
+    path = write_variant(tmp_path, "loop.ipynb", answers={"seeded_randn": loop})
+    out = run_check(path, "--timeout", "10")
+    assert "Score: 15/18" in out.stdout, out.stdout
+    assert "longer than the 10 s limit" in " ".join(out.stdout.split())
+
+
+@pytest.mark.parametrize("make_input, expected", [
+    (lambda d: d / "missing.ipynb", "no such file"),
+    (lambda d: (d / "broken.ipynb").write_text('{"cells": [') and d / "broken.ipynb", "not valid JSON"),
+    (lambda d: (d / "list.ipynb").write_text("[1, 2]") and d / "list.ipynb", "not a Jupyter notebook"),
+    (lambda d: d, "is a folder"),
+    (lambda d: layout.COURSE_DIR / "01_device_basics.ipynb", "not an exercise notebook"),
+])
+def test_bad_input_gets_a_one_line_error_and_exit_2(tmp_path, make_input, expected):
+    out = run_check(make_input(tmp_path), timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out.stderr
+    assert out.stdout == ""
+
+
+def test_foreign_nbgrader_notebook_is_rejected(tmp_path):
+    nb = notebooks.read(layout.release_notebook(NAME))
+    for c in nb.cells:
+        if notebooks.grade_id(c):
+            c.metadata["nbgrader"]["grade_id"] = "other_" + c.metadata["nbgrader"]["grade_id"]
+    path = tmp_path / "other.ipynb"
+    path.write_text(json.dumps(nb))
+    out = run_check(path, timeout=60)
+    assert out.returncode == 2 and "none of any assignment" in out.stderr
