@@ -105,6 +105,11 @@ def test_self_contained_no_repo_imports_no_network(path):
                 assert False, f"cell {i} uses {name}: notebooks never download (generate data instead)"
 
 
+def _is_print(stmt: ast.Expr) -> bool:
+    call = stmt.value
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
+
+
 @pytest.mark.parametrize("name", ASSIGNMENTS)
 def test_exercise_structure(name):
     nb = notebooks.read(layout.source_notebook(name))
@@ -120,8 +125,12 @@ def test_exercise_structure(name):
         assert notebooks.first_comment(cell.source), f"{gid} must start with a docstring saying what it checks"
         assert notebooks.BEGIN_HIDDEN in cell.source and notebooks.END_HIDDEN in cell.source, (
             f"{gid} has no hidden tests: every graded question needs them")
-        before_hidden = cell.source.split(notebooks.BEGIN_HIDDEN)[0]
-        assert "assert" in before_hidden or "expect_error" in before_hidden, f"{gid} has no visible test"
+        body = ast.parse(cell.source).body
+        assert body and not (isinstance(body[-1], ast.Expr) and not _is_print(body[-1])), (
+            f"{gid} ends with a bare expression: nbgrader reads a displayed value as partial "
+            "credit; end with a statement (e.g. `_ = ...`)")
+        visible = ast.parse(cell.source.split(notebooks.BEGIN_HIDDEN)[0]).body
+        assert len(visible) >= 2, f"{gid} has no visible test (only hidden ones): learners need one to check themselves"
     answers = [c for c in nb.cells if notebooks.is_solution(c)]
     assert answers, f"{name} has no answer cells"
     for cell in answers:

@@ -1,0 +1,288 @@
+"""A simulated class graded end to end: release -> collect -> autograde -> feedback -> CSV.
+
+Seventeen students hand in chapter 01 (two of them through `zip_collect`), four hand in
+chapter 02; among them every kind of broken, slow and hostile submission a real class
+produces. `python3 make.py grade-class` grades them all in one run; each test below checks
+one student's exact score and flags, so a failure names the case. Expected scores are
+"full marks minus the test cells the submission must lose", computed from the notebooks.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from coursetools import fixtures, guard, layout, notebooks, sandbox
+from coursetools.nbgrader_course import NbgraderCourse
+
+A1, A2 = "01_device_basics", "02_to_semantics"
+TOKEN = uuid.uuid4().hex[:8]
+OUTSIDE = f"/var/tmp/escaped-{TOKEN}"  # files a submission tries to create outside its folder
+OUTSIDE_TMP = f"/tmp/escaped-{TOKEN}"  # (the sandbox's /tmp is private and thrown away)
+SANDBOXED = sandbox.bwrap_works()[0]
+needs_sandbox = pytest.mark.skipif(not SANDBOXED, reason=f"no working bubblewrap: {sandbox.bwrap_works()[1]}")
+
+
+def _source(name):
+    return notebooks.read(layout.source_notebook(name))
+
+
+def _points(name):
+    return {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(_source(name))}
+
+
+def _test_ids(name):
+    return list(_points(name))
+
+
+def _answers(name):
+    return fixtures.reference_answers(_source(name))
+
+
+def _release(name):
+    return notebooks.read(layout.release_notebook(name))
+
+
+def _cell(nb, gid):
+    return next(c for c in nb.cells if notebooks.grade_id(c) == gid)
+
+
+def _add_cell(nb, source, after=None):
+    """A cell the student added (no nbgrader metadata), after cell `after` (default: at the end)."""
+    from nbformat import v4
+    new = v4.new_code_cell(source)
+    new.pop("id", None)  # the course's notebooks are nbformat 4.4: no cell ids
+    index = len(nb.cells) if after is None else nb.cells.index(_cell(nb, after)) + 1
+    nb.cells.insert(index, new)
+    return nb
+
+
+def _fixture(name, fixture):
+    return fixtures.load(layout.SUBMISSIONS_DIR / name / f"{fixture}.toml")
+
+
+# student -> (notebook builder, test cells it must lose, flags the summary must show)
+def class_of_01(course_root):
+    full = _answers(A1)
+    ids = _test_ids(A1)
+    cases = {}
+
+    def solved(**overrides):
+        return fixtures.fill(_release(A1), {**full, **overrides})
+
+    cases["correct"] = (solved(), [], [])
+    cases["partial"] = (fixtures.fill(_release(A1), {"pick_device": full["pick_device"]}),
+                        [i for i in ids if not i.startswith("test_pick_device")], [])
+    cases["blank"] = (_release(A1), ids, [])
+    cases["infinite-loop"] = (
+        solved(seeded_randn="def seeded_randn(shape, seed, device='cpu', dtype=torch.float32):\n"
+                            "    while True:\n        pass"),
+        ["test_seeded_randn"], ["timeout in test_seeded_randn"])
+    cases["kernel-crash"] = (
+        solved(common_device="import os\ndef common_device(tensors):\n    os._exit(1)"),
+        ["test_common_device", "test_common_device_scalars"], ["kernel crash in test_common_device"])
+    cases["sys-exit"] = (solved(build_on="import sys\nsys.exit('I give up')\n" + full["build_on"]),
+                         ["test_build_on", "test_build_on_restores"], [])
+    cases["huge-output"] = (
+        _add_cell(solved(), "for i in range(300_000):\n    print('spam ' * 20)", after="build_on"), [], [])
+    cases["memory-hog"] = (
+        solved(seeded_randn="hog = []\nwhile True:\n    hog.append(bytearray(50 * 2**20))\n" + full["seeded_randn"]),
+        ["test_seeded_randn"], [])
+    deleted = solved()
+    deleted.cells.remove(_cell(deleted, "test_common_device"))
+    cases["deleted-test"] = (deleted, [], ["deleted test_common_device (restored)"])
+    edited = fixtures.fill(_release(A1), {**full, **_fixture(A1, "pick_device_hardcodes_cpu").answers})
+    _cell(edited, "test_pick_device_auto").source = "pass  # trust me"
+    _cell(edited, "test_pick_device_named").source = "assert True"
+    cases["edited-test"] = (edited, ["test_pick_device_auto", "test_pick_device_named"],
+                            ["edited test_pick_device_auto (restored)", "edited test_pick_device_named (restored)"])
+    # Cheats that would pass without the tamper checks: both fail from the tampering on.
+    cheat = ("def seeded_randn(shape, seed, device='cpu', dtype=torch.float32):\n"
+             "    torch.manual_seed(seed)\n"
+             "    return torch.randn(shape, device=device, dtype=dtype)\n"
+             "_frozen = torch.get_rng_state()\n"
+             "torch.get_rng_state = lambda: _frozen  # the 'global state unchanged' check now passes\n")
+    cases["torch-patch"] = (solved(seeded_randn=cheat),
+                            ["test_seeded_randn", "test_build_on", "test_build_on_restores"],
+                            ["tampering in test_seeded_randn"])
+    helper_cheat = (_fixture(A1, "pick_device_silent_fallback").answers["pick_device"]
+                    + "\n\ndef expect_error(kind, fn, hint=''):\n    return 'gpu cuda cuda:2 mps'\n")
+    cases["helper-patch"] = (solved(pick_device=helper_cheat), ids, ["tampering in test_pick_device_auto"])
+    attack = f'''
+import sqlite3
+attempts = {{}}
+for label, action in {{
+    "write gradebook": lambda: sqlite3.connect({str(course_root / "gradebook.db")!r}).execute("UPDATE grade SET auto_score = 99"),
+    "overwrite another student": lambda: open({str(course_root / "submitted" / "correct" / A1 / f"{A1}.ipynb")!r}, "w").write("{{}}"),
+    "write outside": lambda: open({OUTSIDE!r}, "w").write("escaped"),
+    "write /tmp": lambda: open({OUTSIDE_TMP!r}, "w").write("escaped"),
+    "network": lambda: __import__("socket").create_connection(("1.1.1.1", 80), timeout=3),
+}}.items():
+    try:
+        action()
+        attempts[label] = "done?"
+    except Exception as exc:
+        attempts[label] = type(exc).__name__
+print(attempts)
+'''
+    cases["writes-gradebook"] = (_add_cell(solved(), attack, after="setup"), [], [])
+    spy = f'''
+import glob, linecache
+for path in glob.glob({str(course_root / "solutions" / "**" / "*.ipynb")!r}, recursive=True):
+    print(open(path).read())
+print(In)
+for name, entry in list(linecache.cache.items()):
+    print(name, "".join(entry[2]))
+'''
+    cases["reads-solutions"] = (_add_cell(solved(), spy), [], [])
+    cases["zip-alice"] = (solved(), [], [])
+    cases["zip-bob"] = (_release(A1), ids, [])
+    return cases
+
+
+def class_of_02():
+    full = _answers(A2)
+    ids = _test_ids(A2)
+    wrong = _fixture(A2, "move_to_copy_true")
+    src = _source(A2)
+    first_answer = next(notebooks.grade_id(c) for c in src.cells if notebooks.is_solution(c))
+    crash_loses = [notebooks.grade_id(c) for c in notebooks.test_cells(src)
+                   if "to_device_of" in notebooks.grade_id(c)]
+    return {
+        "correct": (fixtures.fill(_release(A2), full), [], []),
+        "blank": (_release(A2), ids, []),
+        "partial": (fixtures.submission(wrong), wrong.loses, []),
+        "kernel-crash": (fixtures.fill(_release(A2), {
+            **full, first_answer: full[first_answer] + "\nimport os\nos._exit(0)"}),
+            crash_loses, []),
+    }
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory):
+    root = tmp_path_factory.mktemp("class")
+    course = NbgraderCourse(root, [A1, A2])
+    cases = {A1: class_of_01(course.root), A2: class_of_02()}
+    for name, students in cases.items():
+        for student, (nb, _, _) in students.items():
+            if student.startswith("zip-"):
+                path = course.root / "downloaded" / name / "archive" / f"{student}__{name}.ipynb"
+                notebooks.write(nb, path)
+            else:
+                course.submit(student, name, nb)
+    bad = course.submission_path("invalid-json", A1)
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"cells": [ this is not JSON')
+    results_json = root / "results.json"
+    cmd = [sys.executable, "-m", "coursetools.classroom", A1, A2, "--course", str(root), "--zip",
+           "--timeout", "20", "--memory-mb", "2048", "--json", str(results_json)]
+    proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
+                          env={**os.environ, "PYTHONPATH": str(layout.ROOT)})
+    print(proc.stdout)  # the summary table, in the test log
+    print(proc.stderr[-4000:])
+    assert results_json.exists(), f"grade-class failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    results = {a: {r["student"]: r for r in rs} for a, rs in json.loads(results_json.read_text()).items()}
+    return {"course": course, "cases": cases, "results": results, "proc": proc}
+
+
+def _expected(name, loses):
+    pts = _points(name)
+    return sum(pts.values()) - sum(pts[i] for i in loses), sum(pts.values())
+
+
+STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "sys-exit",
+               "huge-output", "memory-hog", "deleted-test", "edited-test", "torch-patch",
+               "helper-patch", "writes-gradebook", "reads-solutions", "zip-alice", "zip-bob"]
+STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash"]
+SANDBOX_ONLY = {"writes-gradebook", "reads-solutions"}
+
+
+@pytest.mark.parametrize("name, student", [(A1, s) for s in STUDENTS_01] + [(A2, s) for s in STUDENTS_02])
+def test_student_scores_exactly_as_expected(graded_class, name, student):
+    if student in SANDBOX_ONLY and not SANDBOXED:
+        pytest.skip(f"needs the sandbox: {sandbox.bwrap_works()[1]}")
+    _, loses, flags = graded_class["cases"][name][student]
+    result = graded_class["results"][name][student]
+    score, max_score = _expected(name, loses)
+    assert (result["score"], result["max_score"]) == (score, max_score), (
+        f"{student} scored {result['score']}/{result['max_score']}, expected {score}/{max_score}; "
+        f"flags: {result['flags']}")
+    for flag in flags:
+        assert flag in result["flags"], f"{student}: expected flag {flag!r}, got {result['flags']}"
+    if not flags:
+        unexpected = [f for f in result["flags"] if "tampering" in f or "deleted" in f or "edited" in f]
+        assert not unexpected, f"{student}: unexpected flags {unexpected}"
+
+
+def test_unreadable_submission_is_reported_and_does_not_stop_the_class(graded_class):
+    result = graded_class["results"][A1]["invalid-json"]
+    assert result["score"] is None
+    assert any("NOT GRADED" in f for f in result["flags"]) and any("not valid JSON" in f for f in result["flags"])
+    assert graded_class["proc"].returncode == 1, "grade-class exits 1 when a submission could not be graded"
+    assert "invalid-json" in graded_class["proc"].stdout and "not graded" in graded_class["proc"].stdout
+
+
+def test_summary_lists_every_student_and_the_flags(graded_class):
+    out = graded_class["proc"].stdout
+    for student in STUDENTS_01 + ["invalid-json"]:
+        assert re.search(rf"^{re.escape(student)}\s", out, re.M), f"{student} missing from the summary"
+    assert "flagged for a human look" in out
+    assert "autograde 01_device_basics [" in graded_class["proc"].stderr, "a progress bar is shown"
+
+
+@needs_sandbox
+def test_hostile_code_changed_nothing_outside_its_folder(graded_class):
+    course = graded_class["course"]
+    assert not os.path.exists(OUTSIDE), "a submission wrote a file outside its own folder"
+    assert not os.path.exists(OUTSIDE_TMP), "a submission wrote into the grader's /tmp"
+    other = course.root / "submitted" / "correct" / A1 / f"{A1}.ipynb"
+    notebooks.read(other)  # still a notebook: not overwritten with "{}"
+    grades = graded_class["results"][A1]
+    assert grades["correct"]["score"] == _expected(A1, [])[0], "another student's grade was changed"
+    graded_nb = course.autograded_notebook("writes-gradebook", A1)
+    printed = "".join(o.get("text", "") for c in graded_nb.cells for o in c.get("outputs", []))
+    attempts = eval(next(line for line in printed.splitlines() if line.startswith("{'write gradebook'")))
+    assert attempts["write gradebook"] != "done?" and attempts["overwrite another student"] != "done?", attempts
+    assert attempts["write outside"] != "done?" and attempts["network"] == "OSError", attempts
+
+
+@needs_sandbox
+def test_feedback_and_outputs_never_show_hidden_tests(graded_class):
+    course = graded_class["course"]
+    hidden = guard.hidden_lines(_source(A1))
+    assert hidden
+    for student in ("reads-solutions", "blank", "edited-test", "kernel-crash"):
+        feedback = course.root / "feedback" / student / A1 / f"{A1}.html"
+        assert feedback.exists(), f"no feedback for {student}"
+        html = feedback.read_text(encoding="utf-8")
+        import html as html_lib
+        plain = html_lib.unescape(re.sub(r"<[^>]+>", "", html))
+        leaked = [h for h in hidden if h in plain]
+        assert not leaked, f"feedback of {student} shows hidden test code: {leaked[:3]}"
+        graded_nb = course.autograded_notebook(student, A1)
+        outputs = json.dumps([o for c in graded_nb.cells for o in c.get("outputs", [])])
+        assert not [h for h in hidden if json.dumps(h)[1:-1] in outputs], f"{student}'s outputs leak hidden tests"
+    spy = course.autograded_notebook("reads-solutions", A1)
+    printed = "".join(o.get("text", "") for c in spy.cells for o in c.get("outputs", []))
+    assert guard.REDACTED in printed, "the spy printed the kernel's history; hidden lines must be replaced"
+
+
+def test_huge_output_is_truncated(graded_class):
+    nb = graded_class["course"].autograded_notebook("huge-output", A1)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "output truncated" in text.lower() and len(text) < 5_000_000
+
+
+def test_grades_csv_has_every_graded_submission(graded_class):
+    rows = list(csv.DictReader(open(graded_class["course"].root / "grades.csv")))
+    by_student = {(r["assignment"], r["student_id"]): r for r in rows}
+    assert float(by_student[(A1, "correct")]["score"]) == _expected(A1, [])[0]
+    assert float(by_student[(A1, "blank")]["score"]) == 0
+    assert (A2, "partial") in by_student
