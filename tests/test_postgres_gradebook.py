@@ -14,6 +14,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -39,18 +41,20 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def postgres_url(tmp_path_factory):
+def postgres_url():
     bindir = _pg_bin()
     if bindir is None:
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql): cannot test a server gradebook")
     pytest.importorskip("psycopg2", reason="psycopg2-binary (requirements-dev.txt) is not installed")
-    data = tmp_path_factory.mktemp("pgdata")
+    # Not under pytest's tmp_path: its parents are private to root, and the server may run
+    # as another user.
+    data = Path(tempfile.mkdtemp(prefix="course-pg-"))
     run_as = []
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root: use its own system user
         if shutil.which("runuser") is None or subprocess.run(["id", "postgres"], capture_output=True).returncode:
+            shutil.rmtree(data)
             pytest.skip("running as root without a 'postgres' user to start the server as")
         shutil.chown(data, "postgres")
-        os.chmod(data.parent, 0o755)
         run_as = ["runuser", "-u", "postgres", "--"]
     port = _free_port()
 
@@ -58,14 +62,18 @@ def postgres_url(tmp_path_factory):
         return subprocess.run(run_as + [os.path.join(bindir, tool), *args], capture_output=True, text=True,
                               check=check, timeout=120)
 
-    pg("initdb", "-D", str(data / "db"), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+    try:
+        pg("initdb", "-D", str(data / "db"), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"initdb failed: {exc.stdout}\n{exc.stderr}") from None
     pg("pg_ctl", "-D", str(data / "db"), "-l", str(data / "server.log"), "-w", "-t", "60", "start",
        "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {data}")
     try:
         pg("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "gradebook")
-        yield f"postgresql://postgres@127.0.0.1:{port}/gradebook"
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/gradebook"
     finally:
         pg("pg_ctl", "-D", str(data / "db"), "-m", "immediate", "stop", check=False)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def test_a_class_graded_into_a_postgresql_gradebook(tmp_path, postgres_url):
