@@ -59,11 +59,7 @@ def find_assignment(nb: NotebookNode, path: Path, root: Path = layout.ROOT) -> s
     """The assignment whose cells this notebook carries (by nbgrader grade ids)."""
     ids = {notebooks.grade_id(c) for c in notebooks.nbgrader_cells(nb)}
     if not ids:
-        hint = ""
-        if path.parent.name == "course" or layout.CHAPTER_NAME.match(path.stem) and not (
-            path.parent.name == path.stem
-        ):
-            hint = " (lessons in course/ are not graded)"
+        hint = " (lessons in course/ are not graded)" if path.parent.name == "course" else ""
         raise NotebookError(
             f"{path} is not an exercise notebook of this course: it has no graded cells"
             f"{hint}; check a notebook from exercises/, e.g. "
