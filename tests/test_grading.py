@@ -1,11 +1,14 @@
 """Grading through nbgrader itself: solutions score full marks, the untouched release zero,
 and every fixture submission (tests/submissions/) exactly the points it declares.
 
-One scratch nbgrader course (temporary folder, SQLite gradebook) holds every assignment;
-each assignment is autograded once, for all its submissions, the first time a test needs it.
+Each assignment gets a scratch nbgrader course of its own (temporary folder, SQLite
+gradebook) and is autograded once, for all its submissions; two assignments are graded at
+a time (one per core), each in its own nbgrader process.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -14,11 +17,6 @@ from coursetools.nbgrader_course import NbgraderCourse
 
 ASSIGNMENTS = layout.assignments()
 FIXTURES = fixtures.all_fixtures()
-
-
-@pytest.fixture(scope="session")
-def course(tmp_path_factory):
-    return NbgraderCourse(tmp_path_factory.mktemp("nbgrader-course"))
 
 
 class Graded:
@@ -70,15 +68,25 @@ class Graded:
         return {gid: (g.score if not g.needs_manual_grade else None) for gid, g in got.items()}
 
 
-_graded: dict[str, Graded] = {}
+@pytest.fixture(scope="session")
+def graded_all(tmp_path_factory) -> dict[str, Graded | Exception]:
+    def grade(name: str) -> Graded | Exception:
+        try:
+            return Graded(NbgraderCourse(tmp_path_factory.mktemp(f"nbgrader-{name}"), [name]), name)
+        except Exception as exc:  # noqa: BLE001 - reported by that assignment's tests only
+            return exc
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(ASSIGNMENTS, pool.map(grade, ASSIGNMENTS)))
 
 
 @pytest.fixture
-def graded(course):
+def graded(graded_all):
     def get(name: str) -> Graded:
-        if name not in _graded:
-            _graded[name] = Graded(course, name)
-        return _graded[name]
+        result = graded_all[name]
+        if isinstance(result, Exception):
+            raise result
+        return result
     return get
 
 
