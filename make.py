@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One entry point for learners, instructors and maintainers. Needs only Python 3.9+ and pip.
+"""One entry point for learners, instructors and maintainers. Needs only Python 3.11+ and pip.
 
     python3 make.py lab                 install (first time) and open the course in JupyterLab
     python3 make.py test                install (first time) and run the whole test suite
@@ -9,6 +9,7 @@
     python3 make.py new-chapter NN_topic "Title"   start a chapter from the template
     python3 make.py author-check NAME   quick checks of one chapter while you write it
     python3 make.py grade-class ...     grade a class's submissions (see README, instructors)
+    python3 make.py gpu-report          run every notebook and test on a CUDA GPU, write a report
 
 Everything is installed into ./.venv, never into your system Python. The first run takes a
 few minutes; later runs reinstall only when requirements change. PyTorch: if .venv already
@@ -34,8 +35,9 @@ STAMP = VENV / ".course-installed"
 REQUIREMENTS = ROOT / "requirements.txt"
 DEV_REQUIREMENTS = ROOT / "requirements-dev.txt"
 
-if sys.version_info < (3, 9):
-    sys.exit("error: Python 3.9 or newer is needed (3.11 is what the course is tested on)")
+if sys.version_info < (3, 11):
+    sys.exit(f"error: Python 3.11 or newer is needed, this is {sys.version.split()[0]}: "
+             "install it from python.org (or use Colab, which needs no install)")
 
 
 def venv_python() -> Path:
@@ -89,8 +91,8 @@ def ensure_env(dev: bool) -> Path:
     ).hexdigest()
     if STAMP.exists() and STAMP.read_text() == digest:
         return py
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check"]
-    run(pip + ["--quiet", "--upgrade", "pip", "packaging"])
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
+    run(pip + ["--upgrade", "pip", "packaging"])
     if "TORCH_SPEC" in os.environ or not torch_in_range(py):
         # Installed on its own first, so the range in requirements.txt is already met and
         # pip does not reach for the newest (multi-GB) build.
@@ -114,7 +116,12 @@ def jupyter_env() -> dict[str, str]:
 
 # make.py subcommand -> coursetools module that implements it
 MODULES = {"check": "selfcheck", "release": "release", "links": "links",
-           "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom"}
+           "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom",
+           "gpu-report": "gpu_report"}
+
+
+# Commands that run the test suite need the test-only packages too.
+DEV_COMMANDS = {"gpu-report"}
 
 
 def main(argv: list[str]) -> int:
@@ -124,13 +131,15 @@ def main(argv: list[str]) -> int:
     command, args = argv[0], argv[1:]
     if command == "lab":
         py = ensure_env(dev=False)
-        run([py, "-m", "jupyter", "lab", "course/00_start_here.ipynb", *args],
+        # Jupyter refuses to start as root (containers, cloud shells) unless told it may.
+        as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+        run([py, "-m", "jupyter", "lab", "course/00_start_here.ipynb", *as_root, *args],
             cwd=ROOT, env=jupyter_env())
     elif command == "test":
         py = ensure_env(dev=True)
         run([py, "-m", "pytest", *args], cwd=ROOT, env=jupyter_env())
     elif command in MODULES:
-        py = ensure_env(dev=False)
+        py = ensure_env(dev=command in DEV_COMMANDS)
         module = MODULES[command]
         run([py, "-m", f"coursetools.{module}", *args], cwd=os.getcwd(),
             env={**jupyter_env(), "PYTHONPATH": str(ROOT)})

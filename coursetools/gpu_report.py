@@ -1,0 +1,262 @@
+"""Run every notebook and every test on this machine's GPU, and write a short report.
+
+    python3 make.py gpu-report                 every notebook, then the whole test suite
+    python3 make.py gpu-report --no-tests      the notebooks only (a few minutes)
+    python3 make.py gpu-report -- -k 05_mixed  arguments after -- go to pytest
+
+CI has no GPU, so the GPU branches of the notebooks (`if device.type == "cuda":`) run only
+here. Each lesson, each solution and each released exercise with the reference answers
+typed in runs alone in a Colab-like environment (coursetools/standalone.py: only torch,
+numpy, matplotlib; deprecated APIs are errors), then `python -m pytest` runs the suite.
+The report (test-artifacts/gpu-report.md and .json, also printed) gives the device, the
+torch/CUDA versions, each notebook's time, the device it ran on and pass/fail, and the test
+suite's summary. On a machine without CUDA everything still runs, on the CPU, and the report
+says plainly that there was no CUDA device. Exit status: 0 when everything passed (and, with
+--require-cuda, a CUDA device was there), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nbformat import NotebookNode
+
+from . import fixtures, layout, notebooks, standalone
+
+DEFAULT_OUT = layout.ROOT / "test-artifacts"
+CELL_TIMEOUT_S = 300
+
+
+@dataclass
+class NotebookRow:
+    notebook: str
+    kind: str  # lesson, solution, exercise (solved)
+    seconds: float
+    device: str
+    passed: bool
+    problem: str = ""
+
+
+@dataclass
+class TestSummary:
+    command: str
+    exit_code: int
+    summary: str
+    seconds: float
+    failed: list[str] = field(default_factory=list)
+    log: str = ""
+
+
+def machine() -> dict:
+    """What this machine offers PyTorch: versions, and each CUDA device."""
+    import torch
+    info = {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,  # None for a CPU build
+        "cudnn": None,
+        "cuda_available": torch.cuda.is_available(),
+        "devices": [],
+        "driver": None,
+        "mps_available": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
+    }
+    if info["cuda_available"]:
+        info["cudnn"] = torch.backends.cudnn.version()
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            info["devices"].append({"index": i, "name": props.name,
+                                    "capability": f"{props.major}.{props.minor}",
+                                    "memory_gib": round(props.total_memory / 2**30, 1)})
+        if shutil.which("nvidia-smi"):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 check=False, capture_output=True, text=True)
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    return info
+
+
+def device_line(info: dict) -> str:
+    if info["devices"]:
+        names = ", ".join(f"cuda:{d['index']} {d['name']} ({d['memory_gib']} GiB, sm {d['capability']})"
+                          for d in info["devices"])
+        return f"{names}; CUDA {info['torch_cuda']}, cuDNN {info['cudnn']}, driver {info['driver'] or '?'}"
+    why = ("this PyTorch is a CPU build" if not info["torch_cuda"]
+           else f"PyTorch built with CUDA {info['torch_cuda']} found no usable GPU (driver? CUDA_VISIBLE_DEVICES?)")
+    extra = "; an Apple GPU (mps) is available" if info["mps_available"] else ""
+    return f"no CUDA device: {why}{extra}. Everything ran on the CPU; the GPU paths were not exercised."
+
+
+def notebook_jobs() -> list[tuple[str, str, Callable[[], NotebookNode]]]:
+    """(path shown, kind, loader) for every lesson, solution and solved release."""
+    jobs = [(p.relative_to(layout.ROOT).as_posix(), "lesson", lambda p=p: notebooks.read(p))
+            for p in layout.lessons()]
+    for name in layout.assignments():
+        source = layout.source_notebook(name)
+        jobs.append((source.relative_to(layout.ROOT).as_posix(), "solution",
+                     lambda p=source: notebooks.read(p)))
+        release = layout.release_notebook(name)
+        if release.exists():
+            jobs.append((release.relative_to(layout.ROOT).as_posix(), "exercise (solved)",
+                         lambda n=name: fixtures.solved_release(n)))
+    return jobs
+
+
+def run_notebooks(info: dict, out: Path, only: str | None) -> list[NotebookRow]:
+    rows = []
+    executed_dir = out / "gpu-report-notebooks"
+    executed_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [j for j in notebook_jobs() if not only or only in j[0]]
+    with tempfile.TemporaryDirectory(prefix="gpu-report-") as scratch:
+        scratch = Path(scratch)
+        print(f"building the Colab-like environment in {scratch} ...", flush=True)
+        env = standalone.make_colab_like_env(scratch / "env")
+        for n, (shown, kind, load) in enumerate(jobs, 1):
+            print(f"[{n}/{len(jobs)}] {shown} ({kind}) ...", end=" ", flush=True)
+            try:
+                nb = load()
+                result = standalone.run_notebook(
+                    nb, scratch / f"run{n}", filename=Path(shown).name, timeout=CELL_TIMEOUT_S,
+                    client_kwargs=env.client_kwargs(), kernel_env=env.kernel_env())
+            except Exception as exc:  # a notebook that cannot even be loaded
+                rows.append(NotebookRow(shown, kind, 0.0, "?", False, f"{type(exc).__name__}: {exc}"))
+                print("FAIL (not run)", flush=True)
+                continue
+            problems = list(result.problems)
+            if result.executed < result.code_cells or result.code_cells == 0:
+                problems.append(f"only {result.executed} of {result.code_cells} code cells ran")
+            if info["cuda_available"] and not result.device.startswith("cuda"):
+                problems.append(f"CUDA is available but the setup cell chose {result.device!r}")
+            problems += [f"figure from cell {f.cell}: {p}" for f in result.figures
+                         if (p := standalone.image_problem(f))]
+            stem = f"{kind.split()[0]}-{Path(shown).stem}"
+            notebooks.write(result.executed_nb, executed_dir / f"{stem}.ipynb")
+            row = NotebookRow(shown, kind, round(result.seconds, 1), result.device, not problems,
+                              problems[0].splitlines()[0][:300] if problems else "")
+            rows.append(row)
+            print(f"{'ok' if row.passed else 'FAIL'} {row.seconds:.1f} s on {row.device}"
+                  + (f": {row.problem}" if row.problem else ""), flush=True)
+    return rows
+
+
+def run_tests(pytest_args: list[str], out: Path) -> TestSummary:
+    cmd = [sys.executable, "-m", "pytest", *pytest_args]
+    log_path = out / "gpu-report-pytest.log"
+    print(f"\n+ {' '.join(cmd)}   (log: {log_path})", flush=True)
+    start = time.perf_counter()
+    lines: list[str] = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=layout.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+            lines.append(line.rstrip("\n"))
+        code = proc.wait()
+    seconds = time.perf_counter() - start
+    summary = next((m.group(1) for line in reversed(lines)
+                    if (m := re.match(r"^=+ (.*\d+ (?:passed|failed|error|errors|skipped|deselected|no tests ran).*?) =+$", line))),
+                   f"no summary line (pytest exited with {code})")
+    failed = [line.split(" - ")[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    return TestSummary(" ".join(["python", "-m", "pytest", *pytest_args]), code, summary,
+                       round(seconds, 1), failed[:50], str(log_path))
+
+
+def _shown(path: Path) -> str:
+    return path.relative_to(layout.ROOT).as_posix() if path.is_relative_to(layout.ROOT) else str(path)
+
+
+def render(info: dict, rows: list[NotebookRow], tests: TestSummary | None, started: str,
+           seconds: float) -> str:
+    gpu = bool(info["devices"])
+    lines = [
+        "# GPU report",
+        "",
+        f"- **Device:** {device_line(info)}",
+        (f"- **PyTorch** {info['torch']} (CUDA build: {info['torch_cuda'] or 'no'}), "
+         f"Python {info['python']}, {info['platform']}, {info['cpus']} CPUs"),
+        f"- **When:** {started}, {seconds / 60:.1f} minutes in all",
+        "",
+    ]
+    if not gpu:
+        lines += [("> **No CUDA device.** This report comes from a CPU run; it proves nothing "
+                   "about the notebooks' GPU paths."), ""]
+    if rows:
+        ok = sum(r.passed for r in rows)
+        lines += [f"## Notebooks ({ok}/{len(rows)} passed; each run alone, Colab-like, deprecations as errors)",
+                  "", "| notebook | kind | seconds | ran on | result |", "|---|---|---:|---|---|"]
+        for r in rows:
+            result = "pass" if r.passed else f"**FAIL** {r.problem.replace('|', '/')}"
+            lines.append(f"| {r.notebook} | {r.kind} | {r.seconds:.1f} | {r.device} | {result} |")
+        lines.append("")
+    if tests:
+        status = "pass" if tests.exit_code == 0 else f"**FAIL** (exit {tests.exit_code})"
+        lines += ["## Test suite", "",
+                  (f"`{tests.command}`: {status}: {tests.summary} "
+                   f"({tests.seconds / 60:.1f} min; log `{_shown(Path(tests.log))}`)"), ""]
+        lines += [f"- {t}" for t in tests.failed]
+        if tests.failed:
+            lines.append("")
+    else:
+        lines += ["## Test suite", "", "not run (--no-tests)", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pytest_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, pytest_args = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(prog="python3 make.py gpu-report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-tests", action="store_true", help="run the notebooks only, not pytest")
+    parser.add_argument("--no-notebooks", action="store_true", help="run pytest only")
+    parser.add_argument("--only", metavar="TEXT", help="only the notebooks whose path contains TEXT")
+    parser.add_argument("--require-cuda", action="store_true",
+                        help="fail (exit 1) when there is no CUDA device")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="folder for gpu-report.md/.json and logs (default: test-artifacts/)")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    start = time.perf_counter()
+
+    info = machine()
+    print(f"GPU report: {device_line(info)}", flush=True)
+    rows = [] if args.no_notebooks else run_notebooks(info, out, args.only)
+    tests = None if args.no_tests else run_tests(pytest_args, out)
+    seconds = time.perf_counter() - start
+
+    text = render(info, rows, tests, started, seconds)
+    (out / "gpu-report.md").write_text(text + "\n")
+    (out / "gpu-report.json").write_text(json.dumps({
+        "started": started, "seconds": round(seconds, 1), "machine": info,
+        "cuda": bool(info["devices"]), "device": device_line(info),
+        "notebooks": [asdict(r) for r in rows], "tests": asdict(tests) if tests else None,
+    }, indent=1) + "\n")
+    print("\n" + text)
+    print(f"written: {out / 'gpu-report.md'} and gpu-report.json")
+    failed = any(not r.passed for r in rows) or (tests is not None and tests.exit_code != 0)
+    if args.require_cuda and not info["devices"]:
+        print("error: --require-cuda, and there is no CUDA device", file=sys.stderr)
+        failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
