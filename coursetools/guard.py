@@ -84,8 +84,8 @@ def _make_guard(module_name):
 
     def insides(v):
         """What a helper's behaviour hangs on: a class's attributes, a function's code."""
-        if _isinstance(v, _type):
-            return dict(_vars(v))
+        if _isinstance(v, _type):  # minus the caches Python itself adds (copy, pickle, abc)
+            return {k: x for k, x in _vars(v).items() if k not in ("__slotnames__", "_abc_impl")}
         code = getattr(v, "__code__", None)
         if code is not None:
             return (code, getattr(v, "__defaults__", None), getattr(v, "__kwdefaults__", None))
