@@ -68,16 +68,30 @@ class Graded:
         return {gid: (g.score if not g.needs_manual_grade else None) for gid, g in got.items()}
 
 
+def _selected_assignments(session) -> list[str]:
+    """The assignments the selected tests of this module need (all, unless -k narrowed it)."""
+    names = set()
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if getattr(getattr(item, "module", None), "__name__", None) == __name__:
+            if "name" in params:
+                names.add(params["name"])
+            elif "fx" in params:
+                names.add(params["fx"].assignment)
+    return [n for n in ASSIGNMENTS if n in names]
+
+
 @pytest.fixture(scope="session")
-def graded_all(tmp_path_factory) -> dict[str, Graded | Exception]:
+def graded_all(tmp_path_factory, request) -> dict[str, Graded | Exception]:
     def grade(name: str) -> Graded | Exception:
         try:
             return Graded(NbgraderCourse(tmp_path_factory.mktemp(f"nbgrader-{name}"), [name]), name)
         except Exception as exc:  # noqa: BLE001 - reported by that assignment's tests only
             return exc
 
+    names = _selected_assignments(request.session)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(ASSIGNMENTS, pool.map(grade, ASSIGNMENTS)))
+        return dict(zip(names, pool.map(grade, names)))
 
 
 @pytest.fixture
