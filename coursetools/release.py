@@ -46,8 +46,9 @@ def release(names: list[str] | None = None, dest: Path | None = None) -> list[Pa
     extra: list[str] = []
     if dest is not None:
         extra.append(f"--CourseDirectory.release_directory={out_dir}")
-    for name in names:
-        nbgrader("generate_assignment", name, "--force", "--no-db", *extra)
+    # One nbgrader process for all of them when it can (~4 s instead of ~4 s each).
+    for pattern in (["*"] if sorted(names) == all_names else names):
+        nbgrader("generate_assignment", pattern, "--force", "--no-db", *extra)
     if dest is None and out_dir.exists():
         for stale in out_dir.iterdir():
             if stale.is_dir() and stale.name not in all_names:

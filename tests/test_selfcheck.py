@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from coursetools import fixtures, layout, notebooks
+from coursetools import fixtures, layout, notebooks, selfcheck
 
 NAME = "01_device_basics"
 
@@ -97,9 +97,9 @@ def test_a_crash_costs_only_the_questions_that_need_the_crashed_code(tmp_path):
 def test_an_endless_loop_costs_its_question_only(tmp_path):
     loop = "def seeded_randn(shape, seed, device='cpu', dtype=torch.float32):\n    while True:\n        pass\n"
     path = write_variant(tmp_path, "loop.ipynb", answers={"seeded_randn": loop})
-    out = run_check(path, "--timeout", "10")
+    out = run_check(path, "--timeout", "5")
     assert "Score: 15/18" in out.stdout, out.stdout
-    assert "longer than the 10 s limit" in " ".join(out.stdout.split())
+    assert "longer than the 5 s limit" in " ".join(out.stdout.split())
 
 
 @pytest.mark.parametrize("make_input, expected", [
@@ -108,21 +108,28 @@ def test_an_endless_loop_costs_its_question_only(tmp_path):
     (lambda d: (d / "list.ipynb").write_text("[1, 2]") and d / "list.ipynb", "not a Jupyter notebook"),
     (lambda d: d, "is a folder"),
     (lambda d: layout.COURSE_DIR / "01_device_basics.ipynb", "not an exercise notebook"),
-])
-def test_bad_input_gets_a_one_line_error_and_exit_2(tmp_path, make_input, expected):
-    out = run_check(make_input(tmp_path), timeout=60)
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], out.stderr
-    assert out.stdout == ""
+], ids=["missing", "invalid-json", "not-a-notebook", "folder", "lesson"])
+def test_bad_input_gets_a_one_line_error_and_exit_2(tmp_path, make_input, expected, capsys):
+    assert selfcheck.main([str(make_input(tmp_path))]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
+    assert out == ""
 
 
-def test_foreign_nbgrader_notebook_is_rejected(tmp_path):
+def test_bad_input_through_the_command_line(tmp_path):
+    """The same, as the learner runs it: one line on stderr, exit status 2, nothing else."""
+    out = run_check(tmp_path / "missing.ipynb", timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [f"error: no such file: {tmp_path / 'missing.ipynb'}"]
+
+
+def test_foreign_nbgrader_notebook_is_rejected(tmp_path, capsys):
     nb = notebooks.read(layout.release_notebook(NAME))
     for c in nb.cells:
         if notebooks.grade_id(c):
             c.metadata["nbgrader"]["grade_id"] = "other_" + c.metadata["nbgrader"]["grade_id"]
     path = tmp_path / "other.ipynb"
     path.write_text(json.dumps(nb))
-    out = run_check(path, timeout=60)
-    assert out.returncode == 2 and "none of any assignment" in out.stderr
+    assert selfcheck.main([str(path)]) == 2
+    assert "none of any assignment" in capsys.readouterr().err
