@@ -1,9 +1,9 @@
 """Grading through nbgrader itself: solutions score full marks, the untouched release zero,
 and every fixture submission (tests/submissions/) exactly the points it declares.
 
-Each assignment gets a scratch nbgrader course of its own (temporary folder, SQLite
-gradebook) and is autograded once, for all its submissions; two assignments are graded at
-a time (one per core), each in its own nbgrader process.
+Each assignment's submissions are split over two scratch nbgrader courses (temporary
+folders, SQLite gradebooks), each autograded once by its own nbgrader process; two such
+processes run at a time (one per core).
 """
 
 from __future__ import annotations
@@ -19,35 +19,54 @@ ASSIGNMENTS = layout.assignments()
 FIXTURES = fixtures.all_fixtures()
 
 
-class Graded:
-    """The autograde results of one assignment, for every submission, computed once."""
+SHARDS = 2  # each assignment's submissions are split over this many scratch courses
 
-    def __init__(self, course: NbgraderCourse, name: str):
-        self.course, self.name = course, name
-        self.source = notebooks.read(layout.source_notebook(name))
-        self.points = {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(self.source)}
+
+def submissions_of(name: str) -> dict[str, object]:
+    """student id -> notebook: the solution, the untouched release, every fixture."""
+    subs = {
+        "solution": notebooks.read(layout.source_notebook(name)),
+        "untouched-release": notebooks.read(layout.release_notebook(name)),
+    }
+    for fx in FIXTURES:
+        if fx.assignment == name:
+            subs[fx.student_id] = fixtures.submission(fx)
+    return subs
+
+
+class Shard:
+    """Some of one assignment's submissions, autograded by nbgrader in a scratch course."""
+
+    def __init__(self, course: NbgraderCourse, name: str, submissions: dict):
+        self.course = course
         course.generate(name)
-        self.submissions = {
-            "solution": self.source,
-            "untouched-release": notebooks.read(layout.release_notebook(name)),
-        }
-        for fx in FIXTURES:
-            if fx.assignment == name:
-                self.submissions[fx.student_id] = fixtures.submission(fx)
-        for student, nb in self.submissions.items():
+        for student, nb in submissions.items():
             course.submit(student, name, nb)
         self.log = course.autograde(name)
-        self.grades = course.grades(name, list(self.submissions))
+        self.grades = course.grades(name, list(submissions))
+
+
+class Graded:
+    """The autograde results of one assignment, for every submission."""
+
+    def __init__(self, name: str, shards: list[Shard]):
+        self.name = name
+        self.source = notebooks.read(layout.source_notebook(name))
+        self.points = {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(self.source)}
+        self.shard_of = {student: shard for shard in shards for student in shard.grades}
+        self.grades = {student: grade for shard in shards for student, grade in shard.grades.items()}
 
     def explain(self, student: str, expected: dict[str, float]) -> str:
         """A readable account of what a submission scored, and why, for failure messages."""
         got = self.grades.get(student)
+        shard = self.shard_of.get(student)
         if got is None:
+            log = shard.log if shard else None
             return (f"nbgrader produced no grades for {student!r} (the submission was aborted).\n"
-                    f"autograde log:\n{self.log.stdout[-3000:]}\n{self.log.stderr[-3000:]}")
+                    f"autograde log:\n{log.stdout[-3000:] if log else ''}\n{log.stderr[-3000:] if log else ''}")
         lines = []
         try:
-            graded_nb = self.course.autograded_notebook(student, self.name)
+            graded_nb = shard.course.autograded_notebook(student, self.name)
             errors = {notebooks.grade_id(c): next(
                 (f"{o.ename}: {o.evalue}" for o in c.outputs if o.output_type == "error"),
                 next((o.text for o in c.outputs if o.output_type == "stream" and o.name == "stderr"), ""))
@@ -83,15 +102,30 @@ def _selected_assignments(session) -> list[str]:
 
 @pytest.fixture(scope="session")
 def graded_all(tmp_path_factory, request) -> dict[str, Graded | Exception]:
-    def grade(name: str) -> Graded | Exception:
+    """Every selected assignment graded, two nbgrader processes at a time (one per core)."""
+    jobs = []
+    for name in _selected_assignments(request.session):
+        subs = list(submissions_of(name).items())
+        for k in range(SHARDS):
+            jobs.append((name, dict(subs[k::SHARDS])))
+
+    def run(job) -> Shard | Exception:
+        name, subs = job
         try:
-            return Graded(NbgraderCourse(tmp_path_factory.mktemp(f"nbgrader-{name}"), [name]), name)
+            return Shard(NbgraderCourse(tmp_path_factory.mktemp(f"nbgrader-{name}"), [name]), name, subs)
         except Exception as exc:  # noqa: BLE001 - reported by that assignment's tests only
             return exc
 
-    names = _selected_assignments(request.session)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(names, pool.map(grade, names)))
+        done = list(pool.map(run, jobs))
+    out: dict[str, Graded | Exception] = {}
+    for (name, _), shard in zip(jobs, done):
+        if isinstance(shard, Exception):
+            out[name] = shard
+        elif not isinstance(out.get(name), Exception):
+            out.setdefault(name, [])
+            out[name].append(shard)
+    return {name: v if isinstance(v, Exception) else Graded(name, v) for name, v in out.items()}
 
 
 @pytest.fixture
