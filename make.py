@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".course-installed"
+DEV_STAMP = VENV / ".course-installed-dev"
 REQUIREMENTS = ROOT / "requirements.txt"
 DEV_REQUIREMENTS = ROOT / "requirements-dev.txt"
 
@@ -79,27 +80,33 @@ def torch_in_range(py: Path) -> bool:
 
 
 def ensure_env(dev: bool) -> Path:
-    """Create .venv and install what the course needs (and, with `dev`, what tests need)."""
+    """Create .venv and install what the course needs (and, with `dev`, what tests need).
+
+    A stamp per layer (the course's packages; the tests' packages on top) records what was
+    installed, so each command reinstalls only when a requirements file changed.
+    """
     py = venv_python()
     if not py.exists():
         print(f"Creating the virtual environment {VENV} ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    files = [REQUIREMENTS] + ([DEV_REQUIREMENTS] if dev else [])
     torch_spec = os.environ.get("TORCH_SPEC", f"torch=={tested_torch()}")
-    digest = hashlib.sha256(
-        b"".join(f.read_bytes() for f in files) + torch_spec.encode()
-    ).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == digest:
-        return py
+    layers = [(REQUIREMENTS, STAMP)] + ([(DEV_REQUIREMENTS, DEV_STAMP)] if dev else [])
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
-    run(pip + ["--upgrade", "pip", "packaging"])
-    if "TORCH_SPEC" in os.environ or not torch_in_range(py):
-        # Installed on its own first, so the range in requirements.txt is already met and
-        # pip does not reach for the newest (multi-GB) build.
-        run(pip + [torch_spec])
-    for f in files:
-        run(pip + ["-r", f])
-    STAMP.write_text(digest)
+    base_digest = ""
+    for requirements, stamp in layers:
+        digest = hashlib.sha256(
+            base_digest.encode() + requirements.read_bytes() + torch_spec.encode()).hexdigest()
+        base_digest = digest
+        if stamp.exists() and stamp.read_text() == digest:
+            continue
+        if requirements == REQUIREMENTS:
+            run(pip + ["--upgrade", "pip", "packaging"])
+            if "TORCH_SPEC" in os.environ or not torch_in_range(py):
+                # Installed on its own first, so the range in requirements.txt is already
+                # met and pip does not reach for the newest (multi-GB) build.
+                run(pip + [torch_spec])
+        run(pip + ["-r", requirements])
+        stamp.write_text(digest)
     return py
 
 
