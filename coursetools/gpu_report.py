@@ -24,11 +24,14 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -115,8 +118,9 @@ def notebook_jobs() -> list[tuple[str, str, Callable[[], NotebookNode]]]:
     return jobs
 
 
-def run_notebooks(info: dict, out: Path, only: str | None) -> list[NotebookRow]:
-    rows = []
+def run_notebooks(info: dict, out: Path, only: str | None, jobs_at_once: int = 1) -> list[NotebookRow]:
+    """Run each notebook alone in the Colab-like environment, `jobs_at_once` of them at a time
+    (each in its own kernel and folder), and return one row per notebook, in course order."""
     executed_dir = out / "gpu-report-notebooks"
     executed_dir.mkdir(parents=True, exist_ok=True)
     jobs = [j for j in notebook_jobs() if not only or only in j[0]]
@@ -124,17 +128,15 @@ def run_notebooks(info: dict, out: Path, only: str | None) -> list[NotebookRow]:
         scratch = Path(scratch)
         print(f"building the Colab-like environment in {scratch} ...", flush=True)
         env = standalone.make_colab_like_env(scratch / "env")
-        for n, (shown, kind, load) in enumerate(jobs, 1):
-            print(f"[{n}/{len(jobs)}] {shown} ({kind}) ...", end=" ", flush=True)
+
+        def one(n: int, shown: str, kind: str, load: Callable[[], NotebookNode]) -> NotebookRow:
             try:
                 nb = load()
                 result = standalone.run_notebook(
                     nb, scratch / f"run{n}", filename=Path(shown).name, timeout=CELL_TIMEOUT_S,
                     client_kwargs=env.client_kwargs(), kernel_env=env.kernel_env())
-            except Exception as exc:  # a notebook that cannot even be loaded
-                rows.append(NotebookRow(shown, kind, 0.0, "?", False, f"{type(exc).__name__}: {exc}"))
-                print("FAIL (not run)", flush=True)
-                continue
+            except Exception as exc:  # a notebook that cannot even be loaded or started
+                return NotebookRow(shown, kind, 0.0, "?", False, f"not run: {type(exc).__name__}: {exc}")
             problems = list(result.problems)
             if result.executed < result.code_cells or result.code_cells == 0:
                 problems.append(f"only {result.executed} of {result.code_cells} code cells ran")
@@ -144,15 +146,24 @@ def run_notebooks(info: dict, out: Path, only: str | None) -> list[NotebookRow]:
                          if (p := standalone.image_problem(f))]
             stem = f"{kind.split()[0]}-{Path(shown).stem}"
             notebooks.write(result.executed_nb, executed_dir / f"{stem}.ipynb")
-            row = NotebookRow(shown, kind, round(result.seconds, 1), result.device, not problems,
-                              problems[0].splitlines()[0][:300] if problems else "")
-            rows.append(row)
-            print(f"{'ok' if row.passed else 'FAIL'} {row.seconds:.1f} s on {row.device}"
-                  + (f": {row.problem}" if row.problem else ""), flush=True)
-    return rows
+            return NotebookRow(shown, kind, round(result.seconds, 1), result.device, not problems,
+                               problems[0].splitlines()[0][:300] if problems else "")
+
+        rows: dict[int, NotebookRow] = {}
+        with ThreadPoolExecutor(max_workers=max(1, jobs_at_once)) as pool:
+            futures = {pool.submit(one, n, *job): n for n, job in enumerate(jobs, 1)}
+            for future in as_completed(futures):
+                row = rows[futures[future]] = future.result()
+                print(f"[{len(rows)}/{len(jobs)}] {row.notebook} ({row.kind}): "
+                      f"{'ok' if row.passed else 'FAIL'} {row.seconds:.1f} s on {row.device}"
+                      + (f": {row.problem}" if row.problem else ""), flush=True)
+    return [rows[n] for n in sorted(rows)]
 
 
-def run_tests(pytest_args: list[str], out: Path) -> TestSummary:
+def run_tests(pytest_args: list[str], out: Path, time_limit: float | None = None) -> TestSummary:
+    """Run pytest, echoing and logging its output. With `time_limit` (seconds), pytest is
+    stopped when it runs longer, and the summary counts what finished (a rented GPU's
+    minutes are few: a partial report beats none)."""
     cmd = [sys.executable, "-m", "pytest", *pytest_args]
     log_path = out / "gpu-report-pytest.log"
     print(f"\n+ {' '.join(cmd)}   (log: {log_path})", flush=True)
@@ -160,20 +171,50 @@ def run_tests(pytest_args: list[str], out: Path) -> TestSummary:
     lines: list[str] = []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=layout.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-            lines.append(line.rstrip("\n"))
-        code = proc.wait()
+                                text=True, bufsize=1, start_new_session=True)
+        watchdog = threading.Timer(time_limit, _stop, args=(proc,)) if time_limit else None
+        if watchdog:
+            watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                lines.append(line.rstrip("\n"))
+            code = proc.wait()
+        finally:
+            if watchdog:
+                watchdog.cancel()
     seconds = time.perf_counter() - start
     summary = next((m.group(1) for line in reversed(lines)
                     if (m := re.match(r"^=+ (.*\d+ (?:passed|failed|error|errors|skipped|deselected|no tests ran).*?) =+$", line))),
-                   f"no summary line (pytest exited with {code})")
+                   None)
+    if summary is None:
+        counts = {word: sum(1 for line in lines if re.search(rf"\b{word}\b", line) and "::" in line)
+                  for word in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+        done = ", ".join(f"{n} {w.lower()}" for w, n in counts.items() if n) or "nothing finished"
+        why = (f"stopped at the {time_limit:.0f} s limit" if time_limit and seconds >= time_limit
+               else f"pytest exited with {code} and printed no summary")
+        summary = f"{why}; finished before that: {done}"
     failed = [line.split(" - ")[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    if not failed:  # no short summary (e.g. stopped early): the verbose lines say it too
+        failed = [m.group(1) or m.group(2) for line in lines if (m := re.search(
+            r"(?:FAILED|ERROR) (\S+::\S+)|^(\S+::\S+) (?:FAILED|ERROR)\b", line))]
     return TestSummary(" ".join(["python", "-m", "pytest", *pytest_args]), code, summary,
                        round(seconds, 1), failed[:50], str(log_path))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop pytest and everything it started (kernels, nbgrader, xdist workers)."""
+    if os.name == "nt":
+        proc.kill()
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(5)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _shown(path: Path) -> str:
@@ -226,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tests", action="store_true", help="run the notebooks only, not pytest")
     parser.add_argument("--no-notebooks", action="store_true", help="run pytest only")
     parser.add_argument("--only", metavar="TEXT", help="only the notebooks whose path contains TEXT")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run N notebooks at a time (default 1; each notebook's time is then "
+                             "measured on a shared machine)")
+    parser.add_argument("--tests-time-limit", type=float, metavar="SECONDS",
+                        help="stop pytest after this long and report what finished")
     parser.add_argument("--require-cuda", action="store_true",
                         help="fail (exit 1) when there is no CUDA device")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -238,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine()
     print(f"GPU report: {device_line(info)}", flush=True)
-    rows = [] if args.no_notebooks else run_notebooks(info, out, args.only)
-    tests = None if args.no_tests else run_tests(pytest_args, out)
+    rows = [] if args.no_notebooks else run_notebooks(info, out, args.only, args.jobs)
+    tests = None if args.no_tests else run_tests(pytest_args, out, args.tests_time_limit)
     seconds = time.perf_counter() - start
 
     text = render(info, rows, tests, started, seconds)

@@ -86,7 +86,7 @@ class ResilientExecute(NbGraderPreprocessor):
                 src = os.path.join(here, entry)
                 if os.path.isfile(src) and not entry.endswith(".ipynb"):
                     shutil.copy(src, scratch)
-            kernel_env = sandbox_env() if config.mode != "off" else None
+            kernel_env = sandbox_env(config) if config.mode != "off" else None
             report = execute_resilient(
                 run_nb, cwd=scratch, timeout=self.timeout, kernel_name=self.kernel_name,
                 max_restarts=self.max_restarts, env=kernel_env,

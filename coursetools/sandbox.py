@@ -90,16 +90,44 @@ SAFE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "PYTHONHASHSEED"
             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
-def sandbox_env() -> dict[str, str]:
+def sandbox_env(config: SandboxConfig | None = None) -> dict[str, str]:
+    """The kernel's environment: SAFE_ENV, plus the PYTHONPATH folders the sandbox shows
+    (`import_path_extras`: never the course folder)."""
     env = {k: v for k, v in os.environ.items() if k in SAFE_ENV}
     env.update(HOME="/tmp", PYTHONDONTWRITEBYTECODE="1")
+    extras = import_path_extras(_protected(config)) if config else []
+    if extras:
+        env["PYTHONPATH"] = os.pathsep.join(extras)
     return env
+
+
+def _protected(config: SandboxConfig) -> list[str]:
+    return _existing([*config.hide, os.path.expanduser("~")])
 
 
 def python_roots() -> list[str]:
     """Folders the kernel's Python needs to see (re-exposed if a hidden folder covers them)."""
     roots = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     return sorted(r for r in roots if r)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def import_path_extras(protected: list[str]) -> list[str]:
+    """PYTHONPATH folders (packages installed with `pip --target`, say), which the kernel
+    inherits and needs to see, except any inside or around a protected folder: the course
+    root stays hidden even when a tool put it on PYTHONPATH."""
+    extras = []
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if not entry or not os.path.isdir(entry):
+            continue
+        entry = os.path.realpath(entry)
+        if any(_inside(entry, p) or _inside(p, entry) for p in protected):
+            continue
+        extras.append(entry)
+    return extras
 
 
 def _existing(paths) -> list[str]:
@@ -122,10 +150,10 @@ def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str]) 
     args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for path in hidden:
         args += ["--tmpfs", path]
-    # The Python running the kernel, and anything asked for, stay visible (read-only)
-    # even when a hidden folder covers them (e.g. the course's own .venv).
-    for path in _existing([*python_roots(), *config.expose]):
-        if any(path == h or path.startswith(h.rstrip("/") + "/") for h in hidden):
+    # The Python running the kernel, its PYTHONPATH, and anything asked for stay visible
+    # (read-only) even when a hidden folder covers them (e.g. the course's own .venv).
+    for path in _existing([*python_roots(), *import_path_extras(_protected(config)), *config.expose]):
+        if any(_inside(path, h) for h in hidden):
             args += ["--ro-bind", path, path]
     for path in writable:
         args += ["--bind", path, path]

@@ -70,24 +70,33 @@ GPU_HINT = "Runtime > Change runtime type"
 # --------------------------------------------------------------------------------------
 
 def _requirements_closure(roots: tuple[str, ...]) -> dict[str, metadata.Distribution]:
-    """The installed distributions `roots` need at run time (extras and markers honoured)."""
+    """The installed distributions `roots` need at run time (extras and markers honoured:
+    a CUDA build of torch needs e.g. `cuda-toolkit[cublas,...]`, whose extras name the
+    libraries it loads)."""
     found: dict[str, metadata.Distribution] = {}
-    todo = list(roots)
+    done: set[tuple[str, str]] = set()  # (distribution, extra) already followed
+    todo: list[tuple[str, frozenset[str]]] = [(r, frozenset()) for r in roots]
     while todo:
-        name = canonicalize_name(todo.pop())
-        if name in found:
+        raw, extras = todo.pop()
+        name = canonicalize_name(raw)
+        wanted = {""} | set(extras)
+        if all((name, e) in done for e in wanted):
             continue
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            if name in map(canonicalize_name, roots):
-                raise RuntimeError(f"{name} is not installed in {sys.prefix}") from None
-            continue  # an optional need that pip skipped for this platform
-        found[name] = dist
+        dist = found.get(name)
+        if dist is None:
+            try:
+                dist = metadata.distribution(name)
+            except metadata.PackageNotFoundError:
+                if name in map(canonicalize_name, roots):
+                    raise RuntimeError(f"{name} is not installed in {sys.prefix}") from None
+                continue  # an optional need that pip skipped for this platform
+            found[name] = dist
         for spec in dist.requires or []:
             req = Requirement(spec)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in wanted
+                                         if (name, e) not in done):
+                todo.append((req.name, frozenset(req.extras)))
+        done.update((name, e) for e in wanted)
     return found
 
 

@@ -286,3 +286,27 @@ def test_grades_csv_has_every_graded_submission(graded_class):
     assert float(by_student[(A1, "correct")]["score"]) == _expected(A1, [])[0]
     assert float(by_student[(A1, "blank")]["score"]) == 0
     assert (A2, "partial") in by_student
+
+
+@needs_sandbox
+def test_sandbox_keeps_pythonpath_packages_but_not_the_course(tmp_path, monkeypatch):
+    """Packages on PYTHONPATH (e.g. installed with pip --target under /tmp) stay importable
+    in the kernel's sandbox; a PYTHONPATH entry that is the hidden course folder does not
+    make it readable."""
+    site = tmp_path / "site"  # under /tmp, which the sandbox replaces with an empty folder
+    (site / "probe_pkg").mkdir(parents=True)
+    (site / "probe_pkg" / "__init__.py").write_text("VALUE = 42\n")
+    course = tmp_path / "course"
+    (course / "source").mkdir(parents=True)
+    (course / "source" / "secret.txt").write_text("hidden tests")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(course)]))
+    config = sandbox.SandboxConfig(mode="bwrap", hide=(str(course),))
+    probe = ("import os, probe_pkg; print(probe_pkg.VALUE); "
+             f"print(sorted(os.listdir({str(course)!r})))")
+    env = sandbox.sandbox_env(config)  # what the grader gives the kernel
+    assert env["PYTHONPATH"] == os.path.realpath(site), env.get("PYTHONPATH")
+    cmd = sandbox.wrap_command([sys.executable, "-c", probe], config, writable=[])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["42", "[]"], (
+        f"expected the package importable and the course folder empty, got {proc.stdout!r}")

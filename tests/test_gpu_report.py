@@ -5,6 +5,7 @@ the ones tests/test_standalone.py runs; here only the report and the pytest hand
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 
@@ -52,3 +53,23 @@ def test_runs_pytest_and_records_its_summary(tmp_path):
     text = (tmp_path / "gpu-report.md").read_text()
     assert ("No CUDA device" in text) != torch.cuda.is_available()
     assert (tmp_path / "gpu-report-pytest.log").read_text().strip()
+
+
+def test_a_time_limit_stops_pytest_and_reports_what_finished(tmp_path):
+    """--tests-time-limit: pytest is stopped, the report says so and counts what finished."""
+    tests = tmp_path / "suite"
+    tests.mkdir()
+    (tests / "test_slow.py").write_text(
+        "import time\n\ndef test_a_quick_one():\n    pass\n\n"
+        "def test_b_fails():\n    assert False\n\n"
+        "def test_c_endless():\n    time.sleep(600)\n")
+    out = tmp_path / "out"
+    code = gpu_report.main(["--no-notebooks", "--tests-time-limit", "10", "--out", str(out), "--",
+                            str(tests), "-v", "-p", "no:cacheprovider", "-c", os.devnull,
+                            "--rootdir", str(tests)])
+    report = json.loads((out / "gpu-report.json").read_text())
+    summary = report["tests"]["summary"]
+    assert code == 1 and report["tests"]["exit_code"] != 0
+    assert summary.startswith("stopped at the 10 s limit") and "1 passed" in summary and "1 failed" in summary, summary
+    assert any("test_b_fails" in t for t in report["tests"]["failed"]), report["tests"]["failed"]
+    assert report["tests"]["seconds"] < 300, "pytest went on past the limit"

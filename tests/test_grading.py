@@ -2,12 +2,13 @@
 and every fixture submission (tests/submissions/) exactly the points it declares.
 
 Each assignment's submissions are split over two scratch nbgrader courses (temporary
-folders, SQLite gradebooks), each autograded once by its own nbgrader process; two such
-processes run at a time (one per core).
+folders, SQLite gradebooks), each autograded once by its own nbgrader process; as many
+such processes run at a time as the machine has cores (two on CI).
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -102,7 +103,7 @@ def _selected_assignments(session) -> list[str]:
 
 @pytest.fixture(scope="session")
 def graded_all(tmp_path_factory, request) -> dict[str, Graded | Exception]:
-    """Every selected assignment graded, two nbgrader processes at a time (one per core)."""
+    """Every selected assignment graded, one nbgrader process per core at a time."""
     jobs = []
     for name in _selected_assignments(request.session):
         subs = list(submissions_of(name).items())
@@ -116,7 +117,8 @@ def graded_all(tmp_path_factory, request) -> dict[str, Graded | Exception]:
         except Exception as exc:  # noqa: BLE001 - reported by that assignment's tests only
             return exc
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    workers = max(1, min(len(jobs), os.cpu_count() or 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         done = list(pool.map(run, jobs))
     out: dict[str, Graded | Exception] = {}
     for (name, _), shard in zip(jobs, done):
