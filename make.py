@@ -149,7 +149,8 @@ def main(argv: list[str]) -> int:
         py = ensure_env(dev=command in DEV_COMMANDS)
         module = MODULES[command]
         run([py, "-m", f"coursetools.{module}", *args], cwd=os.getcwd(),
-            env={**jupyter_env(), "PYTHONPATH": str(ROOT)})
+            env={**jupyter_env(), "PYTHONPATH": os.pathsep.join(
+                [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])})
     else:
         print(f"error: unknown command {command!r}\n{__doc__}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ def grade(course: NbgraderCourse, name: str, mode: str) -> float:
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "coursetools.classroom", name, "--course", str(course.root), "--sandbox", mode],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cwd=ROOT, capture_output=True, text=True, env=layout.env_with_course_tools())
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"grade-class failed ({mode}):\n{proc.stdout}\n{proc.stderr[-3000:]}")

@@ -118,12 +118,12 @@ def notebook_jobs() -> list[tuple[str, str, Callable[[], NotebookNode]]]:
     return jobs
 
 
-def run_notebooks(info: dict, out: Path, only: str | None, jobs_at_once: int = 1) -> list[NotebookRow]:
+def run_notebooks(info: dict, out: Path, only: list[str] | None, jobs_at_once: int = 1) -> list[NotebookRow]:
     """Run each notebook alone in the Colab-like environment, `jobs_at_once` of them at a time
     (each in its own kernel and folder), and return one row per notebook, in course order."""
     executed_dir = out / "gpu-report-notebooks"
     executed_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [j for j in notebook_jobs() if not only or only in j[0]]
+    jobs = [j for j in notebook_jobs() if not only or any(text in j[0] for text in only)]
     with tempfile.TemporaryDirectory(prefix="gpu-report-") as scratch:
         scratch = Path(scratch)
         print(f"building the Colab-like environment in {scratch} ...", flush=True)
@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 make.py gpu-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-tests", action="store_true", help="run the notebooks only, not pytest")
     parser.add_argument("--no-notebooks", action="store_true", help="run pytest only")
-    parser.add_argument("--only", metavar="TEXT", help="only the notebooks whose path contains TEXT")
+    parser.add_argument("--only", metavar="TEXT", action="append",
+                        help="only the notebooks whose path contains TEXT (repeat for several)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
                         help="run N notebooks at a time (default 1; each notebook's time is then "
                              "measured on a shared machine)")

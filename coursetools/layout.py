@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def env_with_course_tools() -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH (so a child
+    process can `python -m coursetools...`), keeping what PYTHONPATH already held."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(ROOT)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *rest])}
 COURSE_DIR = ROOT / "course"
 SOLUTIONS_DIR = ROOT / "solutions"
 EXERCISES_DIR = ROOT / "exercises"

@@ -291,7 +291,8 @@ def run_all_in_jupyterlab(page, lab: LabServer, relpath: str, tmp_path: Path) ->
     return {"cells": cells, "seconds": seconds, "screenshots": [top, bottom], "retries": retries}
 
 
-def test_start_here_runs_in_jupyterlab_in_a_browser(lab, chromium, tmp_path):
+def test_start_here_runs_in_jupyterlab_in_a_browser(chromium, lab, tmp_path):
+    # (chromium first: where there is no browser the test skips before starting a server)
     import torch
 
     before = hashlib.sha256((ROOT / NOTEBOOK).read_bytes()).hexdigest()

@@ -184,7 +184,7 @@ def graded_class(tmp_path_factory):
     cmd = [sys.executable, "-m", "coursetools.classroom", A1, A2, "--course", str(root), "--zip",
            "--timeout", "20", "--memory-mb", "2048", "--json", str(results_json)]
     proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
-                          env={**os.environ, "PYTHONPATH": str(layout.ROOT)})
+                          env=layout.env_with_course_tools())
     print(proc.stdout)  # the summary table, in the test log
     print(proc.stderr[-4000:])
     assert results_json.exists(), f"grade-class failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"

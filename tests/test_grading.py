@@ -108,12 +108,14 @@ def graded_all(tmp_path_factory, request) -> dict[str, Graded | Exception]:
     for name in _selected_assignments(request.session):
         subs = list(submissions_of(name).items())
         for k in range(SHARDS):
-            jobs.append((name, dict(subs[k::SHARDS])))
+            # made here, not in the threads: pytest's temporary folders are not thread-safe
+            # (two threads creating the base folder at once: FileExistsError)
+            jobs.append((name, dict(subs[k::SHARDS]), tmp_path_factory.mktemp(f"nbgrader-{name}")))
 
     def run(job) -> Shard | Exception:
-        name, subs = job
+        name, subs, folder = job
         try:
-            return Shard(NbgraderCourse(tmp_path_factory.mktemp(f"nbgrader-{name}"), [name]), name, subs)
+            return Shard(NbgraderCourse(folder, [name]), name, subs)
         except Exception as exc:  # noqa: BLE001 - reported by that assignment's tests only
             return exc
 
@@ -121,7 +123,7 @@ def graded_all(tmp_path_factory, request) -> dict[str, Graded | Exception]:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         done = list(pool.map(run, jobs))
     out: dict[str, Graded | Exception] = {}
-    for (name, _), shard in zip(jobs, done):
+    for (name, _, _), shard in zip(jobs, done):
         if isinstance(shard, Exception):
             out[name] = shard
         elif not isinstance(out.get(name), Exception):

@@ -89,7 +89,7 @@ def test_a_class_graded_into_a_postgresql_gradebook(tmp_path, postgres_url):
         [sys.executable, "-m", "coursetools.classroom", NAME, "--course", str(course.root),
          "--db-url", postgres_url, "--json", str(out)],
         cwd=layout.ROOT, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "PYTHONPATH": str(layout.ROOT)})
+        env=layout.env_with_course_tools())
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     full = sum(fixtures.expected_scores(wrong, notebooks.read(layout.source_notebook(NAME))).values())
