@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/grading_throughput.py --students 12 --assignment 01_device_basics
 
 Builds a scratch course with N copies of the reference answers (plus the untouched release,
-so failing tests are part of the mix), then runs `grade-class` on it twice — sandbox off,
-then bubblewrap — each on a fresh copy, and prints wall time and submissions per minute.
-Nothing here asserts on time: it reports what this machine does.
+so failing tests are part of the mix), then runs `grade-class` on it with the sandbox off
+and with bubblewrap, each on a fresh copy, in alternating order over --rounds rounds, and
+prints wall time and submissions per minute. Nothing here asserts on time: it reports
+what this machine does.
 """
 
 from __future__ import annotations
@@ -50,23 +51,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=12)
     parser.add_argument("--assignment", default="01_device_basics")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds; the order of the modes alternates, so that neither always "
+                             "runs on a cold cache (default 2)")
     args = parser.parse_args()
     modes = ["off"] + (["bwrap"] if sandbox.bwrap_works()[0] else [])
     if len(modes) == 1:
         print(f"no sandbox here ({sandbox.bwrap_works()[1]}): measuring without it only")
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        rows = []
-        for mode in modes:
-            course = build(Path(tmp) / mode, args.assignment, args.students)
-            seconds = grade(course, args.assignment, mode)
-            rows.append((mode, seconds))
-            shutil.rmtree(course.root, ignore_errors=True)
+        for r in range(args.rounds):
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
+                course = build(Path(tmp) / f"{mode}{r}", args.assignment, args.students)
+                times[mode].append(grade(course, args.assignment, mode))
+                print(f"  round {r + 1}, sandbox {mode}: {times[mode][-1]:.1f} s", flush=True)
+                shutil.rmtree(course.root, ignore_errors=True)
     print(f"grade-class {args.assignment}, {args.students} submissions, {os.cpu_count()} CPUs "
-          "(generate + autograde + feedback + export):")
-    for mode, seconds in rows:
-        print(f"  sandbox {mode:5}: {seconds:6.1f} s  = {60 * args.students / seconds:5.1f} submissions/min")
-    if len(rows) == 2:
-        print(f"  sandbox cost: {rows[1][1] - rows[0][1]:+.1f} s ({rows[1][1] / rows[0][1] - 1:+.0%})")
+          f"(generate + autograde + feedback + export), mean of {args.rounds} rounds:")
+    mean = {mode: sum(ts) / len(ts) for mode, ts in times.items()}
+    for mode, seconds in mean.items():
+        print(f"  sandbox {mode:5}: {seconds:6.1f} s  = {60 * args.students / seconds:5.1f} submissions/min"
+              f"  (rounds: {', '.join(f'{t:.1f}' for t in times[mode])})")
+    if len(mean) == 2:
+        print(f"  sandbox cost: {mean['bwrap'] - mean['off']:+.1f} s ({mean['bwrap'] / mean['off'] - 1:+.0%})")
     return 0
 
 

@@ -165,8 +165,28 @@ def class_of_02():
     }
 
 
+class ClassSummary:
+    """Shows grade-class's table (every student's score and flags) at the end of the test
+    run, and keeps it in test-artifacts/grade-class-summary.txt."""
+
+    def __init__(self):
+        self.text = ""
+
+    def keep(self, text: str) -> None:
+        self.text = text
+        out = layout.ROOT / "test-artifacts"
+        out.mkdir(exist_ok=True)
+        (out / "grade-class-summary.txt").write_text(text)
+
+    # pytest hook, called because graded_class registers this object as a plugin
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.text:
+            terminalreporter.section("grade-class on the simulated class (tests/test_classroom.py)")
+            terminalreporter.write(self.text)
+
+
 @pytest.fixture(scope="module")
-def graded_class(tmp_path_factory):
+def graded_class(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("class")
     course = NbgraderCourse(root, [A1, A2])
     cases = {A1: class_of_01(course.root), A2: class_of_02()}
@@ -185,7 +205,9 @@ def graded_class(tmp_path_factory):
            "--timeout", "20", "--memory-mb", "2048", "--json", str(results_json)]
     proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
                           env=layout.env_with_course_tools())
-    print(proc.stdout)  # the summary table, in the test log
+    summary = ClassSummary()
+    request.config.pluginmanager.register(summary, "course-class-summary")
+    summary.keep(proc.stdout)
     print(proc.stderr[-4000:])
     assert results_json.exists(), f"grade-class failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
     results = {a: {r["student"]: r for r in rs} for a, rs in json.loads(results_json.read_text()).items()}
