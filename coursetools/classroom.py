@@ -224,16 +224,17 @@ def summary_table(results: dict[str, list[Result]]) -> str:
     students = sorted({r.student for rs in results.values() for r in rs})
     index = {(r.student, r.assignment): r for rs in results.values() for r in rs}
     width = max([len(s) for s in students] + [7])
-    head = f"{'student':<{width}} " + " ".join(f"{a[:14]:>14}" for a in assignments) + "  flags"
+    cols = {a: max(len(a), len("not graded")) for a in assignments}  # whole names: no truncation
+    head = f"{'student':<{width}} " + " ".join(f"{a:>{cols[a]}}" for a in assignments) + "  flags"
     lines = [head, "-" * len(head)]
     for student in students:
         cells, flags = [], []
         for a in assignments:
             r = index.get((student, a))
             if r is None:
-                cells.append(f"{'—':>14}")
+                cells.append(f"{'—':>{cols[a]}}")
                 continue
-            cells.append(f"{(f'{r.score:g}/{r.max_score:g}' if r.graded else 'not graded'):>14}")
+            cells.append(f"{(f'{r.score:g}/{r.max_score:g}' if r.graded else 'not graded'):>{cols[a]}}")
             flags += [f"{a[:2]}: {f}" for f in r.flags]
         lines.append(f"{student:<{width}} " + " ".join(cells) + ("  " + "; ".join(flags) if flags else ""))
     review = sum(1 for rs in results.values() for r in rs if r.flags)
