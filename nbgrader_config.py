@@ -44,7 +44,7 @@ c.Autograde.autograde_preprocessors = [
     ResilientExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata,
 ]
-# Per-cell limit (a DDP launch in chapter 06 takes ~10-15 s on 2 CPUs).
+# Per-cell limit (a DDP launch in chapter 06 took 6-11 s on 2 CPUs in our runs).
 c.ResilientExecute.timeout = 120
 # "auto": bubblewrap where it works, otherwise no sandbox (with a warning in the log).
 # Set "bwrap" to refuse grading without the sandbox.
