@@ -160,3 +160,19 @@ def test_cell_predicates_agree_with_nbgrader(path):
         assert notebooks.is_grade(cell) == utils.is_grade(cell)
         assert notebooks.is_solution(cell) == utils.is_solution(cell)
         assert notebooks.is_locked(cell) == utils.is_locked(cell)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_valid_against_nbformat_schema(path):
+    """JupyterLab logs "Notebook JSON is invalid" for a notebook its schema rejects (e.g. a
+    cell `id` in nbformat 4.4 or older); checked on the file as stored, without upgrading."""
+    import json
+
+    import nbformat
+
+    raw = nbformat.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        nbformat.validate(raw)
+    except nbformat.ValidationError as exc:
+        pytest.fail(f"{path.name} does not validate against nbformat "
+                    f"{raw.get('nbformat')}.{raw.get('nbformat_minor')}: {exc.message}")
