@@ -172,7 +172,8 @@ def run_tests(pytest_args: list[str], out: Path, time_limit: float | None = None
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=layout.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1, start_new_session=True)
-        watchdog = threading.Timer(time_limit, _stop, args=(proc,)) if time_limit else None
+        stopped = threading.Event()  # set by the watchdog: the limit, not pytest, ended the run
+        watchdog = threading.Timer(time_limit, _stop, args=(proc, stopped)) if time_limit else None
         if watchdog:
             watchdog.start()
         try:
@@ -193,7 +194,7 @@ def run_tests(pytest_args: list[str], out: Path, time_limit: float | None = None
         counts = {word: sum(1 for line in lines if re.search(rf"\b{word}\b", line) and "::" in line)
                   for word in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
         done = ", ".join(f"{n} {w.lower()}" for w, n in counts.items() if n) or "nothing finished"
-        why = (f"stopped at the {time_limit:.0f} s limit" if time_limit and seconds >= time_limit
+        why = (f"stopped at the {time_limit:.0f} s limit" if stopped.is_set()
                else f"pytest exited with {code} and printed no summary")
         summary = f"{why}; finished before that: {done}"
     failed = [line.split(" - ")[0] for line in lines if line.startswith(("FAILED ", "ERROR "))]
@@ -204,8 +205,10 @@ def run_tests(pytest_args: list[str], out: Path, time_limit: float | None = None
                        round(seconds, 1), failed[:50], str(log_path))
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, stopped: threading.Event | None = None) -> None:
     """Stop pytest and everything it started (kernels, nbgrader, xdist workers)."""
+    if stopped is not None:
+        stopped.set()
     if os.name == "nt":
         proc.kill()
         return

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import torch
 
@@ -55,14 +57,38 @@ def test_runs_pytest_and_records_its_summary(tmp_path):
     assert (tmp_path / "gpu-report-pytest.log").read_text().strip()
 
 
-def test_a_time_limit_stops_pytest_and_reports_what_finished(tmp_path):
-    """--tests-time-limit: pytest is stopped, the report says so and counts what finished."""
+def test_a_time_limit_stops_pytest_and_reports_what_finished(tmp_path, monkeypatch):
+    """--tests-time-limit: pytest is stopped, the report says so and counts what finished.
+
+    The limit's clock is replaced by one that fires once the endless test has started (it
+    drops a marker file), so the outcome never depends on how fast or busy the machine is."""
     tests = tmp_path / "suite"
     tests.mkdir()
+    marker = tmp_path / "endless-started"
     (tests / "test_slow.py").write_text(
-        "import time\n\ndef test_a_quick_one():\n    pass\n\n"
+        "import pathlib, time\n\ndef test_a_quick_one():\n    pass\n\n"
         "def test_b_fails():\n    assert False\n\n"
-        "def test_c_endless():\n    time.sleep(600)\n")
+        f"def test_c_endless():\n    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(600)\n")
+
+    class LimitReachedWhenEndlessStarts(threading.Thread):
+        """Stands in for threading.Timer(limit, stop, args): calls stop(*args) as soon as the
+        marker exists (or after 600 s: the test then fails on its summary, never hangs)."""
+
+        def __init__(self, interval, function, args=()):
+            super().__init__(daemon=True)
+            self.function, self.args, self.cancelled = function, args, threading.Event()
+
+        def run(self):
+            deadline = time.monotonic() + 600
+            while not marker.exists() and time.monotonic() < deadline and not self.cancelled.is_set():
+                time.sleep(0.1)
+            if not self.cancelled.is_set():
+                self.function(*self.args)
+
+        def cancel(self):
+            self.cancelled.set()
+
+    monkeypatch.setattr(gpu_report.threading, "Timer", LimitReachedWhenEndlessStarts)
     out = tmp_path / "out"
     code = gpu_report.main(["--no-notebooks", "--tests-time-limit", "10", "--out", str(out), "--",
                             str(tests), "-v", "-p", "no:cacheprovider", "-c", os.devnull,
