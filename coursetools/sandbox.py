@@ -1,42 +1,71 @@
-"""Run a student's kernel where it cannot touch the grader: bubblewrap plus resource limits.
+"""Run a student's kernel where it cannot touch the grader: bubblewrap, an unprivileged
+user, and resource limits.
 
 The kernel runs inside `bwrap` (Debian's `bubblewrap`):
 
+* as an unprivileged user with no capabilities, in its own user namespace, also when the
+  grader is root: a root grader first drops to `nobody` (uid/gid 65534, no groups, empty
+  capability sets) with `setpriv`, then starts bwrap with `--unshare-user --disable-userns
+  --cap-drop ALL`. So `mount`, `umount` and remounting `/` read-write fail (EPERM), the
+  kernel cannot make a user namespace of its own, and files readable only by root stay
+  unreadable. Where user namespaces are refused (some containers), a root grader runs
+  bwrap itself and drops to `nobody` inside with `setpriv` (still no capabilities);
 * the whole file system is read-only;
 * the course folder (gradebook, solutions with hidden tests, other students' submissions,
   autograded notebooks), the grader's home folder, `/tmp` and PostgreSQL's socket folders
-  are replaced by empty, throw-away folders — the submission cannot read or change them;
-* only a scratch folder (the kernel's working folder, deleted after grading) and the
-  kernel's own connection folder are writable;
+  are replaced by small, read-only, throw-away folders — the submission cannot read or
+  change them;
+* writable: `/tmp`, `/dev/shm` and the kernel's working folder (the notebook's scratch
+  folder, copied in), each a tmpfs with a size cap, and the kernel's connection folder
+  (a 1 MiB tmpfs when the grader is root);
 * no network: a private network namespace with only a loopback interface (so a DDP
   rendezvous on 127.0.0.1 still works); private process and IPC namespaces; the kernel
   dies with the grader;
-* `prlimit` caps the kernel's memory (data segment), CPU seconds and open files; a cell
-  over the memory limit gets a `MemoryError`, a kernel over the CPU limit is killed.
+* limits: where a cgroup hierarchy is writable (v2 with the memory and pids controllers,
+  or v1 memory and pids), each kernel gets its own cgroup: a memory cap that counts tmpfs
+  files and shared memory, and a cap on processes and threads. Always, per process:
+  `RLIMIT_DATA` (a cell over it gets a `MemoryError`), `RLIMIT_FSIZE` (file size),
+  `RLIMIT_CPU`, `RLIMIT_NOFILE`, no core files, and `RLIMIT_NPROC`, set inside the
+  sandbox's user namespace so that it counts that sandbox's processes only (Linux 5.14+).
+  `describe()` says which of these hold on this machine; grade-class logs it.
 
 The kernel talks to the grader over Unix sockets in the connection folder (ZeroMQ's `ipc`
 transport), since the sandbox has no shared network.
 
+Grading as root without the sandbox is refused unless asked for explicitly
+(`COURSE_ALLOW_UNSANDBOXED_ROOT=1`, or `grade-class --unsandboxed-as-root`).
+
 Not protected against: reading world-readable files elsewhere on the machine (system
-files, other users' readable files), kernel exploits, and — inside the kernel itself —
-code that defeats the in-kernel tamper checks (see coursetools.guard): those are flagged
-for review, not prevented.
+files, other users' readable files), kernel exploits, CPU time up to the limits, and —
+inside the kernel itself — code that defeats the in-kernel tamper checks (see
+coursetools.guard): those are flagged for review, not prevented.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
 
 MODES = ("auto", "bwrap", "off")
+NOBODY = 65534  # uid and gid the kernel runs as when the grader is root
+ALLOW_ROOT_ENV = "COURSE_ALLOW_UNSANDBOXED_ROOT"  # "1": grade as root without the sandbox
+MIB = 2**20
+HIDDEN_TMPFS_BYTES = MIB  # the empty folders laid over hidden ones (read-only as well)
+RUNTIME_TMPFS = "size=1m,mode=0700"  # the connection folder, when the grader is root
+INPUT = "/tmp/.course-input"  # inside the sandbox: the scratch folder's files, read-only
 
 
 class SandboxUnavailable(RuntimeError):
@@ -46,44 +75,240 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class SandboxConfig:
     mode: str = "auto"  # auto: bwrap when it works here, else no sandbox (with a warning)
-    memory_mb: int = 4096  # RLIMIT_DATA of the kernel and every process it starts
+    memory_mb: int = 4096  # cgroup memory cap of the whole sandbox; RLIMIT_DATA per process
     cpu_seconds: int = 1800  # RLIMIT_CPU per process
     open_files: int = 4096
+    max_processes: int = 512  # processes + threads: cgroup pids.max and RLIMIT_NPROC
+    file_mb: int = 1024  # RLIMIT_FSIZE: the largest file the kernel may write
+    tmpfs_mb: int = 1024  # size cap of each writable tmpfs: /tmp, /dev/shm, the scratch folder
     hide: tuple[str, ...] = ()  # folders replaced by an empty tmpfs (the course root, ...)
     expose: tuple[str, ...] = ()  # read-only folders re-exposed inside hidden ones
     extra_hide: tuple[str, ...] = field(default=("/run/postgresql", "/var/run/postgresql"))
 
 
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+# -- how the kernel is isolated on this machine -------------------------------------------
+
+def _setpriv() -> list[str]:
+    """Become `nobody` with no groups and no capabilities (root only)."""
+    exe = shutil.which("setpriv")
+    if exe is None:
+        raise SandboxUnavailable("setpriv (util-linux) is not installed")
+    return [exe, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all"]
+
+
+def _recipe_args(recipe: str) -> tuple[list[str], list[str]]:
+    """(bwrap's own options, inside bwrap before the command) for a recipe.
+
+    'userns' as root: bwrap (as root: it can reach every folder it binds) builds the
+      sandbox, then setpriv becomes nobody and a second bwrap puts the kernel in its own
+      user namespace (--disable-userns: no further ones), all capabilities dropped; the
+      mounts of the first stage are locked in the second (they cannot be undone);
+    'userns' not as root: one bwrap in a user namespace, as the grader's own uid;
+    'setpriv' (root, where user namespaces are refused): bwrap as root, then setpriv to
+      nobody inside: no capabilities, no user namespace.
+    """
+    if recipe == "userns" and not is_root():
+        return ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"], []
+    if recipe == "userns":
+        stage2 = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--disable-userns",
+                  "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL",
+                  "--dev-bind", "/", "/", "--die-with-parent", "--"]
+        return [], _setpriv() + stage2
+    if recipe == "setpriv":
+        return [], _setpriv() + ["--no-new-privs"]
+    raise ValueError(recipe)
+
+
+def _probe(exe: str, recipe: str) -> subprocess.CompletedProcess:
+    own, inside = _recipe_args(recipe)
+    cmd = [exe, *own, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+           "--perms", "1777", "--size", str(MIB), "--tmpfs", "/tmp",
+           "--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--",
+           *inside, "true"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+
 @functools.cache
-def bwrap_works() -> tuple[bool, str]:
-    """Whether bubblewrap can create the namespaces the sandbox needs on this machine."""
+def _isolation() -> tuple[str, str]:
+    """('userns' | 'setpriv', bwrap's path) where the sandbox works here, else ('', why)."""
     exe = shutil.which("bwrap")
     if exe is None:
-        return False, "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-    probe = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net",
-             "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--", "true"]
-    try:
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"bwrap failed to start: {exc}"
-    if proc.returncode != 0:
-        return False, f"bwrap cannot create namespaces here: {proc.stderr.strip()[:200]}"
-    return True, exe
+        return "", "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    errors = []
+    for recipe in ("userns", "setpriv") if is_root() else ("userns",):
+        try:
+            proc = _probe(exe, recipe)
+        except (OSError, subprocess.TimeoutExpired, SandboxUnavailable) as exc:
+            errors.append(f"{recipe}: {exc}")
+            continue
+        if proc.returncode == 0:
+            return recipe, exe
+        errors.append(f"{recipe}: {proc.stderr.strip()[:200]}")
+    return "", "bwrap cannot create the sandbox's namespaces here: " + "; ".join(errors)
+
+
+def bwrap_works() -> tuple[bool, str]:
+    """Whether bubblewrap can create the sandbox here: (True, bwrap's path) or (False, why)."""
+    recipe, detail = _isolation()
+    return bool(recipe), detail
 
 
 def resolve_mode(mode: str) -> str:
-    """'auto' -> 'bwrap' where it works, else 'off'. 'bwrap' where it does not -> error."""
+    """'auto' -> 'bwrap' where it works, else 'off'. 'bwrap' where it does not -> error.
+    'off' (asked for, or what 'auto' comes to) as root -> error, unless ALLOW_ROOT_ENV=1."""
     if mode not in MODES:
         raise ValueError(f"sandbox mode must be one of {MODES}, got {mode!r}")
-    if mode == "off":
-        return "off"
-    ok, detail = bwrap_works()
+    ok, detail = (False, "the sandbox is turned off") if mode == "off" else bwrap_works()
     if ok:
         return "bwrap"
     if mode == "bwrap":
         raise SandboxUnavailable(detail)
+    if is_root() and os.environ.get(ALLOW_ROOT_ENV) != "1":
+        raise SandboxUnavailable(
+            f"refusing to grade as root without the sandbox ({detail}): a submission would run "
+            "with every privilege of the grader. Install bubblewrap, or grade as an unprivileged "
+            f"user, or accept the risk explicitly: grade-class --unsandboxed-as-root "
+            f"(or {ALLOW_ROOT_ENV}=1)")
     return "off"
 
+
+# -- cgroups ------------------------------------------------------------------------------
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _own_cgroup(controller: str) -> str | None:
+    """This process's cgroup path for a v1 controller, or for v2 (controller '')."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hid, controllers, path = line.split(":", 2)
+        if controller == "" and hid == "0":
+            return path
+        if controller and controller in controllers.split(","):
+            return path
+    return None
+
+
+def _v2_parent() -> str | None:
+    root = CGROUP_ROOT if os.path.exists(f"{CGROUP_ROOT}/cgroup.controllers") else f"{CGROUP_ROOT}/unified"
+    own = _own_cgroup("")
+    if own is None or not os.path.exists(f"{root}/cgroup.controllers"):
+        return None
+    parent = os.path.normpath(root + own)
+    try:
+        enabled = open(f"{parent}/cgroup.subtree_control").read().split()
+    except OSError:
+        return None
+    return parent if {"memory", "pids"} <= set(enabled) else None
+
+
+def _v1_parents() -> dict[str, str] | None:
+    parents = {}
+    for controller in ("memory", "pids"):
+        own = _own_cgroup(controller)
+        base = f"{CGROUP_ROOT}/{controller}"
+        if own is None or not os.path.isdir(base):
+            return None
+        parents[controller] = os.path.normpath(base + own)
+    return parents
+
+
+class Cgroup:
+    """One kernel's cgroup(s): a memory cap counting tmpfs and shared memory, and a cap on
+    processes + threads. `procs` are the files the launcher writes its pid into."""
+
+    def __init__(self, kind: str, dirs: list[str], procs: list[str]):
+        self.kind, self.dirs, self.procs = kind, dirs, procs
+
+    @classmethod
+    def create(cls, kind: str, memory_bytes: int, pids: int) -> "Cgroup":
+        name = f"course-sandbox-{uuid.uuid4().hex[:12]}"
+        if kind == "v2":
+            path = os.path.join(_v2_parent(), name)
+            os.mkdir(path)
+            group = cls(kind, [path], [f"{path}/cgroup.procs"])
+            try:
+                _write(f"{path}/memory.max", memory_bytes)
+                if os.path.exists(f"{path}/memory.swap.max"):
+                    _write(f"{path}/memory.swap.max", 0)
+                _write(f"{path}/pids.max", pids)
+            except OSError:
+                group.remove()
+                raise
+            return group
+        parents = _v1_parents()
+        mem, pid = os.path.join(parents["memory"], name), os.path.join(parents["pids"], name)
+        group = cls(kind, [], [])
+        try:
+            for path in (mem, pid):
+                os.mkdir(path)
+                group.dirs.append(path)
+                group.procs.append(f"{path}/cgroup.procs")
+            _write(f"{mem}/memory.limit_in_bytes", memory_bytes)
+            if os.path.exists(f"{mem}/memory.memsw.limit_in_bytes"):
+                _write(f"{mem}/memory.memsw.limit_in_bytes", memory_bytes)  # no swapping past it
+            _write(f"{pid}/pids.max", pids)
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    def remove(self, attempts: int = 50) -> bool:
+        """Kill what is left in the group and remove it (bounded retries)."""
+        for path in reversed(self.dirs):
+            for _ in range(attempts):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        break
+                    for pid in _read_pids(f"{path}/cgroup.procs"):
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+                    time.sleep(0.02)
+        return not any(os.path.exists(p) for p in self.dirs)
+
+
+def _write(path: str, value) -> None:
+    with open(path, "w") as f:
+        f.write(f"{value}\n")
+
+
+def _read_pids(path: str) -> list[int]:
+    try:
+        return [int(x) for x in open(path).read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@functools.cache
+def cgroup_kind() -> str:
+    """'v2' or 'v1' where this process can make cgroups with memory and pids caps, else ''."""
+    for kind in ("v2", "v1"):
+        if (kind == "v2" and _v2_parent() is None) or (kind == "v1" and _v1_parents() is None):
+            continue
+        try:
+            Cgroup.create(kind, 256 * MIB, 64).remove()
+            return kind
+        except (OSError, TypeError):
+            continue
+    return ""
+
+
+# -- the kernel's command -----------------------------------------------------------------
 
 # The only variables a sandboxed kernel inherits: no tokens, keys or passwords leak in.
 SAFE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM", "PYTHONHASHSEED",
@@ -134,22 +359,71 @@ def _existing(paths) -> list[str]:
     return [p for p in dict.fromkeys(os.path.realpath(p) for p in paths) if os.path.isdir(p)]
 
 
-def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str]) -> list[str]:
-    """The kernel command `cmd`, inside bwrap with limits (or with limits only, mode 'off')."""
-    limits = [shutil.which("prlimit") or "prlimit",
-              f"--data={config.memory_mb * 2**20}", f"--cpu={config.cpu_seconds}",
-              f"--nofile={config.open_files}", "--core=0", "--"]
-    if shutil.which("prlimit") is None:
-        limits = []
+
+# Runs as the grader, before anything starts: join the kernel's cgroups.
+LAUNCHER = r'''
+for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done
+shift
+exec "$@"
+'''
+# Runs inside the sandbox: copy the scratch folder's files into the kernel's tmpfs working
+# folder, start the kernel there.
+INSIDE = r'''
+cp -R "$1"/. "$2"/ && cd "$2" || exit 125
+shift 2
+exec "$@"
+'''
+
+
+def _bash() -> str:
+    return shutil.which("bash") or "/bin/bash"
+
+
+def _limits(config: SandboxConfig, *, nproc: int | None) -> list[str]:
+    exe = shutil.which("prlimit")
+    if exe is None:
+        return []
+    args = [exe, f"--data={config.memory_mb * MIB}", f"--cpu={config.cpu_seconds}",
+            f"--nofile={config.open_files}", "--core=0", f"--fsize={config.file_mb * MIB}"]
+    if nproc:
+        args.append(f"--nproc={nproc}")
+    return args + ["--"]
+
+
+def _nproc(recipe: str, config: SandboxConfig, cgroup: "Cgroup | None") -> int | None:
+    """RLIMIT_NPROC for the kernel. In its own user namespace it counts that sandbox's
+    processes only; as plain `nobody` (recipe 'setpriv') it counts every `nobody` process
+    on the machine, so it is only set without a cgroup, for one kernel per core."""
+    if recipe == "userns":
+        return config.max_processes
+    if cgroup is None:
+        return config.max_processes * (os.cpu_count() or 1)
+    return None
+
+
+def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str],
+                 scratch: str | None = None, cgroup: Cgroup | None = None) -> list[str]:
+    """The kernel command `cmd`, inside bwrap with limits (or with limits only, mode 'off').
+
+    `writable`: folders bound read-write (the connection folder); `scratch`: the kernel's
+    working folder, whose files are copied into a size-capped tmpfs at the same path;
+    `cgroup`: the kernel's cgroup, joined before anything starts."""
     if config.mode == "off":
-        return limits + cmd
-    ok, exe = bwrap_works()
-    if not ok:
+        return _limits(config, nproc=None) + cmd
+    recipe, exe = _isolation()
+    if not recipe:
         raise SandboxUnavailable(exe)
-    hidden = _existing(["/tmp", *config.hide, *config.extra_hide, os.path.expanduser("~")])
-    args = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    own, inside = _recipe_args(recipe)
+    tmpfs = str(config.tmpfs_mb * MIB)
+    hidden = sorted(_existing(["/tmp", *config.hide, *config.extra_hide, os.path.expanduser("~")]),
+                    key=lambda p: p.count("/"))
+    args = [exe, *own, "--ro-bind", "/", "/", "--dev", "/dev",
+            "--perms", "1777", "--size", tmpfs, "--tmpfs", "/dev/shm", "--proc", "/proc"]
     for path in hidden:
-        args += ["--tmpfs", path]
+        if path == "/tmp":
+            args += ["--perms", "1777", "--size", tmpfs, "--tmpfs", path]
+        else:
+            args += ["--perms", "0755", "--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", path]
     # The Python running the kernel, its PYTHONPATH, and anything asked for stay visible
     # (read-only) even when a hidden folder covers them (e.g. the course's own .venv).
     for path in _existing([*python_roots(), *import_path_extras(_protected(config)), *config.expose]):
@@ -157,19 +431,90 @@ def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str]) 
             args += ["--ro-bind", path, path]
     for path in writable:
         args += ["--bind", path, path]
-    args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent",
-             "--new-session", "--setenv", "HOME", "/tmp",
+    if scratch:
+        args += ["--ro-bind", scratch, INPUT, "--perms", "1777", "--size", tmpfs, "--tmpfs", scratch]
+    # Read-only from here on: /dev (a tmpfs bwrap makes) and the hiding folders; not
+    # recursive, so /dev/shm, /tmp, the working folder and the binds keep their settings.
+    args += ["--remount-ro", "/dev"]
+    args += [arg for path in hidden if path != "/tmp" for arg in ("--remount-ro", path)]
+    args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+             "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+             "--setenv", "HOME", "/tmp",
              # ipykernel exits when its parent looks gone (parent pid 1), which is what any
              # parent outside a PID namespace looks like; --die-with-parent does that job.
              "--unsetenv", "JPY_PARENT_PID", "--"]
-    return args + limits + cmd
+    copy_in = [_bash(), "-c", INSIDE, "sandbox-inside", INPUT, scratch] if scratch else []
+    full = [*args, *inside, *_limits(config, nproc=_nproc(recipe, config, cgroup)), *copy_in, *cmd]
+    if cgroup is not None:
+        full = [_bash(), "-c", LAUNCHER, "sandbox-launch", *cgroup.procs, "--", *full]
+    return full
+
+
+@functools.cache
+def bwrap_version() -> str:
+    recipe, exe = _isolation()
+    if not recipe:
+        return "bwrap (not working)"
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "bwrap"
+
+
+def describe(config: SandboxConfig) -> str:
+    """What holds for a kernel on this machine with this configuration, in one line."""
+    limits = (f"RLIMIT_DATA {config.memory_mb} MiB, RLIMIT_FSIZE {config.file_mb} MiB, "
+              f"RLIMIT_CPU {config.cpu_seconds} s, RLIMIT_NOFILE {config.open_files} per process")
+    if config.mode == "off":
+        return (f"sandbox OFF: the kernel runs as the grader (uid {os.geteuid()}) and can read and "
+                f"write everything the grader can; {limits}; no process, tmpfs or shared-memory caps")
+    recipe, _ = _isolation()
+    if recipe == "userns":
+        who = (f"uid {NOBODY} (nobody) in its own user namespace" if is_root()
+               else f"uid {os.getuid()} (the grader's, not root) in its own user namespace")
+        who += ", no capabilities, no further user namespaces"
+    else:
+        who = f"uid {NOBODY} (nobody), no capabilities (setpriv; user namespaces refused here)"
+    kind = cgroup_kind()
+    nproc = _nproc(recipe, config, Cgroup("", [], []) if kind else None)
+    if kind:
+        memory = (f"memory {config.memory_mb} MiB for the whole kernel, tmpfs files and shared "
+                  f"memory included (cgroup {kind}); processes+threads {config.max_processes} "
+                  f"(cgroup {kind} pids.max)")
+    else:
+        memory = ("no writable cgroup: memory is capped per process (RLIMIT_DATA), tmpfs by their "
+                  "sizes, memfd and System V shared memory NOT capped")
+    if nproc:
+        scope = "per sandbox" if recipe == "userns" else "shared by every nobody process"
+        memory += f"; RLIMIT_NPROC {nproc} ({scope})"
+    runtime = "1 MiB tmpfs" if is_root() else "plain folder"
+    return (f"sandbox {bwrap_version()}: kernel as {who}; read-only /, course/home/tmp hidden; "
+            f"network none; {memory}; {limits}; /tmp, /dev/shm and the working folder are "
+            f"tmpfs capped at {config.tmpfs_mb} MiB each; connection folder: {runtime}")
+
+
+# -- the kernel manager -------------------------------------------------------------------
+
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(path: str, options: str) -> bool:
+    return _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()) == 0
+
+
+def _umount(path: str) -> None:
+    _libc.umount2(path.encode(), MNT_DETACH)
+
+
+_described: set[str] = set()
 
 
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernel runs inside the sandbox, over Unix sockets.
 
     Subclass it with `kernel_manager_for(...)`, which fixes the configuration and the
-    writable scratch folder.
+    scratch folder (the kernel's working folder).
     """
 
     sandbox_config: SandboxConfig = SandboxConfig(mode="off")
@@ -178,22 +523,67 @@ class SandboxedKernelManager(AsyncKernelManager):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._runtime = tempfile.mkdtemp(prefix="kernel-")
+        self._mounted = False
+        self._cgroup: Cgroup | None = None
+        if self.sandbox_config.mode != "off" and is_root():
+            # The kernel (nobody) writes its sockets here: a small tmpfs, so it cannot fill
+            # the grader's disk through it; a plain folder where mounting is not allowed.
+            self._mounted = _mount_tmpfs(self._runtime, f"{RUNTIME_TMPFS},uid={NOBODY},gid={NOBODY}")
+            if not self._mounted:
+                os.chown(self._runtime, NOBODY, NOBODY)
         self.transport = "ipc"
         self.connection_file = os.path.join(self._runtime, "kernel.json")
         self.ip = os.path.join(self._runtime, "ipc")
 
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = super().format_kernel_cmd(extra_arguments)
-        writable = [self._runtime] + ([self.scratch] if self.scratch else [])
-        return wrap_command(cmd, self.sandbox_config, writable=writable)
+        config = self.sandbox_config
+        if config.mode == "off":
+            return wrap_command(cmd, config, writable=[])
+        key = describe(config)
+        if key not in _described:
+            _described.add(key)
+            self.log.info("%s", key)
+        if is_root():  # the kernel runs as nobody: its connection file and input readable
+            if os.path.exists(self.connection_file):
+                os.chown(self.connection_file, NOBODY, NOBODY)
+            if self.scratch:
+                _readable_by_all(self.scratch)
+        self._drop_cgroup()
+        kind = cgroup_kind()
+        if kind:
+            try:
+                self._cgroup = Cgroup.create(kind, config.memory_mb * MIB, config.max_processes)
+            except OSError as exc:
+                self.log.warning("no cgroup for this kernel (%s): rlimits only", exc)
+        return wrap_command(cmd, config, writable=[self._runtime], scratch=self.scratch or None,
+                            cgroup=self._cgroup)
+
+    def _drop_cgroup(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
+        self._drop_cgroup()
         if not restart:
+            if self._mounted:
+                _umount(self._runtime)
+                self._mounted = False
             shutil.rmtree(self._runtime, ignore_errors=True)
 
 
+def _readable_by_all(folder: str) -> None:
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, os.stat(root).st_mode | 0o555)
+        for name in files:
+            path = os.path.join(root, name)
+            os.chmod(path, os.stat(path).st_mode | 0o444)
+
+
 def kernel_manager_for(config: SandboxConfig, scratch: str | Path) -> type[SandboxedKernelManager]:
-    """A kernel manager class for one notebook's run, in `scratch` (writable)."""
+    """A kernel manager class for one notebook's run in `scratch` (its files are copied into
+    the kernel's own size-capped working folder at the same path)."""
     return type("SandboxedKernelManagerForRun", (SandboxedKernelManager,),
                 {"sandbox_config": config, "scratch": str(scratch)})
