@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import layout, notebooks
+from . import layout, notebooks, sandbox
 from .guard import TAMPER_ENAME
 from .nbgrader_course import nbgrader_env
 
@@ -118,6 +118,18 @@ class Classroom:
         config = PyFileConfigLoader("nbgrader_config.py", path=str(self.course)).load_config()
         value = config.CourseDirectory.get(trait, default)
         return self.course / value
+
+    def sandbox_config(self, mode: str | None, memory_mb: int | None) -> "sandbox.SandboxConfig":
+        """The kernels' sandbox as grading will set it up (nbgrader_config.py's settings,
+        overridden by the command line); raises SandboxUnavailable where grading must not
+        run (no sandbox and `bwrap` asked for, or no sandbox as root without consent)."""
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.course)).load_config()
+        settings = config.ResilientExecute
+        mode = sandbox.resolve_mode(mode or settings.get("sandbox", "auto"))
+        return sandbox.SandboxConfig(mode=mode, memory_mb=memory_mb or settings.get("memory_mb", 4096),
+                                     cpu_seconds=settings.get("cpu_seconds", 1800))
 
     def source_dir(self) -> Path:
         return self._course_dir("source_directory", "source")
@@ -252,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-url", default=None, help="gradebook database, e.g. postgresql://user@host/db")
     parser.add_argument("--sandbox", choices=["auto", "bwrap", "off"], default=None,
                         help="kernel sandbox (default: nbgrader_config.py's, 'auto')")
+    parser.add_argument("--unsandboxed-as-root", action="store_true",
+                        help="allow grading as root without the sandbox (refused otherwise: "
+                             "a submission would run with root's privileges)")
     parser.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config's)")
     parser.add_argument("--memory-mb", type=int, default=None, help="kernel memory limit, MiB (default: config's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
@@ -265,6 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_mb:
         extra.append(f"--ResilientExecute.memory_mb={args.memory_mb}")
     room = Classroom(args.course, db_url=args.db_url, extra=extra)
+    if args.unsandboxed_as_root:
+        os.environ[sandbox.ALLOW_ROOT_ENV] = "1"  # nbgrader's ResilientExecute reads it too
+    try:
+        isolation = sandbox.describe(room.sandbox_config(args.sandbox, args.memory_mb))
+    except sandbox.SandboxUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(isolation, file=sys.stderr)
+    with open(room.log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n{isolation}\n")
     names = args.assignments or room.assignments()
     unknown = sorted(set(names) - set(room.assignments()))
     if unknown:
