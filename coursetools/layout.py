@@ -31,7 +31,20 @@ class CourseConfig:
     title: str
     github_repo: str
     branch: str
-    tested_torch: str
+    tested_torch: str     # the release the test suite is pinned to
+    torch_supported: str  # the supported range, a PEP 440 specifier (">=2.9,<2.16")
+    torch_lowest: str     # the lowest release CI runs every notebook on
+    torch_newest: str     # the newest release CI runs every notebook on
+
+    def torch_span(self) -> str:
+        """The range as README says it: ">=2.9,<2.16" -> "2.9 – 2.15"."""
+        from packaging.specifiers import SpecifierSet
+
+        spec = SpecifierSet(self.torch_supported)
+        low = next(s.version for s in spec if s.operator == ">=")
+        high = next(s.version for s in spec if s.operator == "<")
+        major, minor = (int(x) for x in high.split(".")[:2])
+        return f"{low} – {major}.{minor - 1}"
 
     def colab_url(self, relpath: str | Path) -> str:
         """The "Open in Colab" address of a notebook, given its path in the repository."""
@@ -41,7 +54,7 @@ class CourseConfig:
 
 @functools.cache
 def config() -> CourseConfig:
-    """Read `course.toml` (title, GitHub repository, branch, tested torch release)."""
+    """Read `course.toml` (title, GitHub repository, branch, the torch releases)."""
     with open(ROOT / "course.toml", "rb") as fh:
         data = tomllib.load(fh)
     course = data["course"]
@@ -49,7 +62,10 @@ def config() -> CourseConfig:
         title=course["title"],
         github_repo=course["github_repo"],
         branch=course["branch"],
-        tested_torch=course["tested_torch"],
+        tested_torch=data["torch"]["tested"],
+        torch_supported=data["torch"]["supported"],
+        torch_lowest=data["torch"]["lowest"],
+        torch_newest=data["torch"]["newest"],
     )
 
 

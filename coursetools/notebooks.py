@@ -148,13 +148,22 @@ def clear_solution(source: str, stub: str = CODE_STUB) -> str:
 
 
 def first_comment(source: str) -> str:
-    """The first docstring or comment line of a cell: what a test cell says it checks."""
-    for line in source.splitlines():
+    """What a test cell says it checks: its docstring's first paragraph (joined into one
+    line, however many lines it spans), or else its first comment line."""
+    lines = source.splitlines()
+    for n, line in enumerate(lines):
         text = line.strip()
         if not text:
             continue
-        for prefix in ('"""', "'''", "#"):
-            if text.startswith(prefix):
-                return text.strip("\"'# ").strip()
+        for quote in ('"""', "'''"):
+            if text.startswith(quote):
+                parts = [text[len(quote):]]
+                for more in lines[n + 1:]:
+                    if quote in parts[-1] or not more.strip():
+                        break
+                    parts.append(more.strip())
+                return " ".join(parts).split(quote)[0].strip()
+        if text.startswith("#"):
+            return text.lstrip("# ").strip()
         return ""
     return ""

@@ -195,18 +195,37 @@ def make_colab_like_env(root: Path, packages: tuple[str, ...] = COLAB_PACKAGES) 
         base = Path(dist.locate_file(""))
         for entry in _installed_entries(dist):
             _link(base / Path(*entry), site / Path(*entry))
+    return _finish(root, python, {d.metadata["Name"]: d.version for d in dists.values()})
+
+
+def existing_colab_like_env(python: Path) -> ColabLikeEnv:
+    """Use a virtual environment that was installed on its own, e.g. with another PyTorch
+    release (`python3 make.py test-torch`), instead of one linked from this environment.
+    It must hold what Colab ships and nothing of the course (checked as for a linked one)."""
+    python = Path(python)
+    root = Path(subprocess.run([str(python), "-c", "import sys; print(sys.prefix)"], capture_output=True,
+                               text=True, check=True).stdout.strip())
+    listing = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m, json; "
+         "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"],
+        capture_output=True, text=True, check=True)
+    return _finish(root, python, json.loads(listing.stdout))
+
+
+def _finish(root: Path, python: Path, packages: dict[str, str]) -> ColabLikeEnv:
+    """Give the environment in `root` its own kernel and matplotlib folder, and check it."""
     kernel_dir = root / "share" / "jupyter" / "kernels"
     spec = {"argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "Python 3 (Colab-like: torch, numpy, matplotlib only)",
             "language": "python", "metadata": {"debugger": False}}
-    (kernel_dir / KERNEL_NAME).mkdir(parents=True)
+    (kernel_dir / KERNEL_NAME).mkdir(parents=True, exist_ok=True)
     (kernel_dir / KERNEL_NAME / "kernel.json").write_text(json.dumps(spec, indent=1))
     mplconfig = root / "mplconfig"
-    mplconfig.mkdir()
+    mplconfig.mkdir(exist_ok=True)
     env = ColabLikeEnv(root=root, python=python, kernel_dir=kernel_dir, mplconfig=mplconfig,
-                       packages={d.metadata["Name"]: d.version for d in dists.values()})
+                       packages=packages)
     scratch = root / "scratch"
-    scratch.mkdir()
+    scratch.mkdir(exist_ok=True)
     # Importing matplotlib's font manager builds its font cache now, not in a notebook's
     # first figure (where its "building the font cache" message would land on stderr).
     probe = env.run_python(

@@ -31,13 +31,36 @@ def test_environment_yml_names_the_same_packages_as_requirements():
     assert "python=3.11" in (ROOT / "environment.yml").read_text()
 
 
-def test_torch_is_a_range_that_contains_the_tested_release():
+def test_torch_range_is_stated_once_in_course_toml_and_everything_else_agrees():
+    """course.toml [torch] is the one place that says which releases the course supports;
+    requirements.txt, environment.yml and README say the same, and the pinned release and
+    both ends CI runs (make.py test-torch lowest|newest) lie inside the range."""
     from packaging.requirements import Requirement
-    torch = next(Requirement(line) for line in _req_lines((ROOT / "requirements.txt").read_text())
-                 if line.startswith("torch"))
-    specs = {s.operator for s in torch.specifier}
-    assert ">=" in specs and "<" in specs and "==" not in specs, f"torch must be a range, got {torch}"
-    assert torch.specifier.contains(layout.config().tested_torch)
+    from packaging.specifiers import SpecifierSet
+
+    cfg = layout.config()
+    supported = SpecifierSet(cfg.torch_supported)
+    assert {s.operator for s in supported} == {">=", "<"}, f"a range, got {cfg.torch_supported}"
+    for name, release in (("tested", cfg.tested_torch), ("lowest", cfg.torch_lowest),
+                          ("newest", cfg.torch_newest)):
+        assert supported.contains(release), f"course.toml [torch] {name} = {release} is outside {supported}"
+    low = next(s.version for s in supported if s.operator == ">=")
+    assert cfg.torch_lowest.startswith(low + "."), f"lowest ({cfg.torch_lowest}) must be a {low}.x release"
+    req = next(Requirement(line) for line in _req_lines((ROOT / "requirements.txt").read_text())
+               if line.startswith("torch"))
+    assert req.specifier == supported, f"requirements.txt says {req}, course.toml torch{supported}"
+    env = next(Requirement(line) for line in _env_pip_lines() if line.startswith("torch"))
+    assert env.specifier == supported, f"environment.yml says {env}, course.toml torch{supported}"
+    readme = (ROOT / "README.md").read_text()
+    assert f"PyTorch {cfg.torch_span()}" in readme, f"README must say 'PyTorch {cfg.torch_span()}'"
+    stale = set(re.findall(r"PyTorch (\d+\.\d+) – (\d+\.\d+)", readme)) - {tuple(cfg.torch_span().split(" – "))}
+    assert not stale, f"README states another range too: {stale}"
+
+
+def test_ci_runs_both_ends_of_the_torch_range():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"make\.py test-torch lowest", ci), ".ci/run must run the notebooks on the lowest release"
+    assert re.search(r"make\.py test-torch newest", ci), ".ci/run must run the notebooks on the newest release"
 
 
 def test_course_toml_is_complete():

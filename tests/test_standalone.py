@@ -40,7 +40,11 @@ from coursetools import authoring, fixtures, layout, notebooks, standalone
 
 ROOT = layout.ROOT
 ARTIFACTS = ROOT / "test-artifacts"
-TIMES_FILE = ARTIFACTS / "notebook-times.json"
+# `python3 make.py test-torch` runs these tests against another PyTorch release: it names the
+# environment's Python (COLAB_PYTHON_ENV) and a times file of its own (TIMES_FILE_ENV).
+COLAB_PYTHON_ENV = "COURSE_COLAB_PYTHON"
+TIMES_FILE_ENV = "COURSE_TIMES_FILE"
+TIMES_FILE = Path(os.environ.get(TIMES_FILE_ENV) or ARTIFACTS / "notebook-times.json")
 FIGURES_DIR = ARTIFACTS / "figures"
 EXECUTED_DIR = ARTIFACTS / "standalone"
 
@@ -99,6 +103,7 @@ class Timing:
     figures: int
     device: str
     passed: bool
+    problem: str = ""  # the first line of what failed
 
 
 class TimingRecord:
@@ -108,6 +113,7 @@ class TimingRecord:
     def __init__(self):
         self.rows: list[Timing] = []
         self.started = datetime.datetime.now(datetime.timezone.utc)
+        self.torch = importlib.metadata.version("torch")  # the kernels' release (colab_env)
 
     def add(self, row: Timing) -> None:
         self.rows = [r for r in self.rows if r.notebook != row.notebook] + [row]
@@ -117,7 +123,7 @@ class TimingRecord:
                     "(tests/test_standalone.py); seconds: kernel start to shutdown, cells_seconds: "
                     "the cells alone",
             "started": self.started.isoformat(timespec="seconds"),
-            "torch": importlib.metadata.version("torch"),
+            "torch": self.torch,
             "python": platform.python_version(),
             "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
             "min_seconds": MIN_SECONDS,
@@ -135,7 +141,8 @@ class TimingRecord:
             lines.append(f"{r.seconds:8.1f} {r.cells_seconds:8.1f} {ran:>7} {r.figures:5d}  "
                          f"{r.device:8} {'pass' if r.passed else 'FAIL':7} {r.notebook}{note}")
         total = sum(r.seconds for r in self.rows)
-        lines.append(f"{total:8.1f} total, {len(self.rows)} notebooks -> {TIMES_FILE.relative_to(ROOT)}")
+        shown = TIMES_FILE.relative_to(ROOT) if TIMES_FILE.is_relative_to(ROOT) else TIMES_FILE
+        lines.append(f"{total:8.1f} total, {len(self.rows)} notebooks, torch {self.torch} -> {shown}")
         return lines
 
     # pytest hook, called because the fixture below registers this object as a plugin
@@ -154,10 +161,17 @@ def timing_record(request) -> TimingRecord:
 
 
 @pytest.fixture(scope="session")
-def colab_env(tmp_path_factory) -> standalone.ColabLikeEnv:
+def colab_env(tmp_path_factory, timing_record) -> standalone.ColabLikeEnv:
     """A virtual environment with only torch, numpy, matplotlib and ipykernel (linked from
-    this one: the same builds, no download), built once per test run."""
-    return standalone.make_colab_like_env(tmp_path_factory.mktemp("colab-like-env"))
+    this one: the same builds, no download), built once per test run; or, under
+    `python3 make.py test-torch`, that command's environment with another PyTorch release."""
+    python = os.environ.get(COLAB_PYTHON_ENV)
+    if python:
+        env = standalone.existing_colab_like_env(Path(python))
+    else:
+        env = standalone.make_colab_like_env(tmp_path_factory.mktemp("colab-like-env"))
+    timing_record.torch = env.packages["torch"]
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -260,7 +274,8 @@ def check_run(result: standalone.RunResult, target: Target, env: standalone.Cola
         f"alone (MIN_SECONDS = {MIN_SECONDS}): it did not really execute {see}")
     match = standalone.SETUP_REPORT.search(result.setup_report)
     assert match, f"the setup cell printed no device report: {result.setup_report!r} {see}"
-    assert match.group(1) == env.packages["torch"], (
+    # torch.__version__ carries the build ("2.15.0+cu132"); the distribution may not ("2.15.0")
+    assert match.group(1).split("+")[0] == env.packages["torch"].split("+")[0], (
         f"the setup cell reports PyTorch {match.group(1)}, but the kernel has {env.packages['torch']}")
     if match.group(2) == "cpu":
         assert standalone.GPU_HINT in result.setup_report, (
@@ -277,14 +292,17 @@ def test_notebook_runs_alone_like_in_colab(target, colab_env, timing_record, fig
         nb, tmp_path / "colab", filename=Path(target.id).name, timeout=CELL_TIMEOUT_S,
         client_kwargs=colab_env.client_kwargs(), kernel_env=colab_env.kernel_env())
     executed_path, figure_paths = _save(result, target, figures_dir)
-    passed = False
+    passed, problem = False, "did not finish"
     try:
         check_run(result, target, colab_env, figure_paths, f"(the executed notebook: {executed_path})")
-        passed = True
+        passed, problem = True, ""
+    except AssertionError as exc:
+        problem = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc))[:300]
+        raise
     finally:
         timing_record.add(Timing(target.id, round(result.seconds, 2), round(result.cells_seconds, 2),
                                  result.code_cells, result.executed, len(result.figures),
-                                 result.device, passed))
+                                 result.device, passed, problem))
 
 
 def test_harness_runs_in_an_interpreter_of_its_own(colab_env):
