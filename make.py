@@ -2,6 +2,7 @@
 """One entry point for learners, instructors and maintainers. Needs only Python 3.11+ and pip.
 
     python3 make.py lab                 install (first time) and open the course in JupyterLab
+                                        (your copies in work/; --instructor: Formgrader)
     python3 make.py test                install (first time) and run the whole test suite
     python3 make.py check NOTEBOOK      grade one exercise notebook you edited
     python3 make.py release [NAME ...]  regenerate exercises/ from solutions/ with nbgrader
@@ -138,10 +139,14 @@ def main(argv: list[str]) -> int:
     command, args = argv[0], argv[1:]
     if command == "lab":
         py = ensure_env(dev=False)
-        # Jupyter refuses to start as root (containers, cloud shells) unless told it may.
-        as_root = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-        run([py, "-m", "jupyter", "lab", "course/00_start_here.ipynb", *as_root, *args],
-            cwd=ROOT, env=jupyter_env())
+        # coursetools/lab.py: the learner's work folder, the mode's Jupyter configuration.
+        cmd = [str(py), "-m", "coursetools.lab", *args]
+        env = {**jupyter_env(), "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+        if os.name == "posix":  # become it, so that Ctrl-C reaches Jupyter alone
+            os.chdir(ROOT)
+            os.execve(cmd[0], cmd, env)
+        run(cmd, cwd=ROOT, env=env)
     elif command == "test":
         py = ensure_env(dev=True)
         run([py, "-m", "pytest", *args], cwd=ROOT, env=jupyter_env())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nbformat
 from nbformat import NotebookNode, v4
 
 from . import layout, notebooks
@@ -135,6 +136,8 @@ def build(cells: list[NotebookNode]) -> NotebookNode:
     for cell in nb.cells:  # cell ids are not needed and churn diffs
         cell.pop("id", None)
     nb.nbformat, nb.nbformat_minor = 4, 4
+    # JupyterLab logs "Notebook JSON is invalid" for a notebook its schema rejects.
+    nbformat.validate(nb)
     return nb
 
 

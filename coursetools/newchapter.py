@@ -11,7 +11,10 @@ replace the example with your chapter, following docs/AUTHORING.md.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+
+import nbformat
 
 from . import authoring as A
 from . import layout, links, release
@@ -58,6 +61,15 @@ def zeros_like_on(x, device):
 """
 
 
+def validate(path) -> None:
+    """Fail loudly if a written notebook does not pass its nbformat schema (as stored)."""
+    raw = nbformat.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        nbformat.validate(raw)
+    except nbformat.ValidationError as exc:
+        raise SystemExit(f"error: {path} does not validate against its nbformat schema: {exc.message}") from None
+
+
 def create(name: str, title: str) -> None:
     if not layout.CHAPTER_NAME.match(name):
         raise SystemExit(f"error: {name!r} is not a chapter name like 09_sparse_tensors (NN_lowercase_words)")
@@ -86,7 +98,9 @@ def create(name: str, title: str) -> None:
     fixtures_dir.mkdir(parents=True, exist_ok=True)
     (fixtures_dir / "zeros_like_on_ignores_device.toml").write_text(WRONG)
     (fixtures_dir / "zeros_like_on_new_zeros.toml").write_text(ALTERNATIVE)
-    release.release([name])
+    released = release.release([name])
+    for path in [layout.COURSE_DIR / f"{name}.ipynb", layout.source_notebook(name), *released]:
+        validate(path)
     links.fix_readme()
     print(f"created chapter {name}: course/{name}.ipynb, solutions/{name}/, exercises/{name}/, "
           f"tests/submissions/{name}/ and its row in README.md")

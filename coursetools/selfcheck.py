@@ -28,7 +28,7 @@ from pathlib import Path
 
 from nbformat import NotebookNode, v4
 
-from . import layout, notebooks
+from . import lab, layout, notebooks
 from .execute import Outcome, execute_resilient
 from .notebooks import NotebookError
 
@@ -190,13 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--visible-only", action="store_true",
                         help="run only the tests you can see in the notebook (as in Colab)")
     args = parser.parse_args(argv)
+    notebook = args.notebook
+    mine = lab.learner_copy(notebook)  # make.py lab (learner mode) works on copies in work/
+    if mine is not None:
+        notebook = mine.relative_to(layout.ROOT) if mine.is_relative_to(layout.ROOT) else mine
+        print(f"{args.notebook} is the course's original; checking your copy, {notebook}\n")
     start = time.perf_counter()
     try:
-        name, results = check(args.notebook, timeout=args.timeout, visible_only=args.visible_only)
+        name, results = check(notebook, timeout=args.timeout, visible_only=args.visible_only)
     except NotebookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_report(args.notebook, name, results, time.perf_counter() - start, args.visible_only))
+    print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only))
     if not results:
         return 2
     return 0 if all(r.score == r.max_score for r in results) else 1

@@ -1,22 +1,30 @@
-"""The course works where learners use it: JupyterLab, in a real browser.
+"""The learner's path in JupyterLab, in a real browser, started exactly as `make.py lab`.
 
-JupyterLab is started the way `python3 make.py lab` starts it (same environment, no browser
-of its own, here on a loopback port with a random token), over a scratch copy of course/ so
-that nothing is saved into the repository. Debian's Chromium, driven by Playwright, opens
-course/00_start_here.ipynb, runs every cell through the menu (Run > Run All Cells), and the
-test reads what the page shows: every cell ran, the setup cell's device report and the
-other outputs are there, and nothing was written to stderr or raised. Screenshots go to the
-test's temporary folder and to test-artifacts/. Every process started is stopped, and the
-test fails if JupyterLab leaves one behind.
+Each test copies the repository as a fresh clone has it (every tracked and untracked,
+not-ignored file, committed in a scratch git repository) and starts JupyterLab through
+`coursetools.lab.command`, the function `python3 make.py lab` runs, adding only a loopback
+port, a random token, scratch per-user folders and a "browser" that records the address the
+server asks it to open. Debian's Chromium, driven by Playwright, then opens that address:
 
-Skipped, with a message, only where Chromium or the playwright package is missing
-(`.ci/run` installs Chromium from Debian; requirements-dev.txt lists playwright).
+* learner mode: course/00_start_here.ipynb opens in the work folder, runs from the menu
+  (Run > Run All Cells) and shows its outputs; its link leads to lesson 01, whose "Next:
+  the exercise" link opens the exercise; the reference answer to question 1 is typed in and
+  the exercise run: the graded test cells of question 1 pass and the run stops at the next
+  unanswered question. nbgrader's instructor panels and the news pop-up are absent. After
+  JupyterLab's autosave interval (the value the server really uses), the learner's copies
+  hold the outputs and the answer, and `git status --porcelain` of the checkout is empty.
+* instructor mode: Nbgrader > Formgrader lists every assignment; an assignment's name and
+  its Preview link open its folders in JupyterLab's file browser.
+
+Screenshots go to test-artifacts/. Every process started is stopped, and a test fails if
+JupyterLab leaves one behind. Skipped, with a message, only where Chromium or the playwright
+package is missing (`.ci/run` installs Chromium from Debian; requirements-dev.txt lists
+playwright).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -32,10 +40,10 @@ from pathlib import Path
 
 import pytest
 
-from coursetools import layout, notebooks
+from coursetools import fixtures, lab, layout, notebooks
 
 ROOT = layout.ROOT
-NOTEBOOK = "course/00_start_here.ipynb"
+NOTEBOOK = lab.FIRST_NOTEBOOK
 ARTIFACTS = ROOT / "test-artifacts"
 # Chromium's own network use is switched off: the machines that run this have no network.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -43,7 +51,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 SERVER_START_S = 120   # JupyterLab answered in ~7-12 s on a 2-core machine
 PAGE_LOAD_MS = 180_000
 RUN_ALL_MS = 300_000   # the notebook runs in ~10 s; a busy CI machine may be much slower
+AUTOSAVE_S = 10        # the test's autosave interval (JupyterLab's default is 120 s)
 STDERR_MIME = "application/vnd.jupyter.stderr"  # JupyterLab renders errors and stderr so
+CHAPTER = "01_device_basics"
 
 
 def find_chromium() -> str | None:
@@ -60,59 +70,85 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def lab_env(scratch: Path) -> dict[str, str]:
-    """make.py's environment for `lab`, with Jupyter's per-user folders in `scratch` so the
-    test neither reads a developer's settings nor writes into their home."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    import make  # the repository's make.py (standard library only)
-    env = make.jupyter_env()
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
+                          cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def checkout_copy(dest: Path) -> Path:
+    """The repository as a fresh clone of the working tree would be: every file git tracks
+    or would add (not the ignored ones: no .venv, no work/), committed in a new repository."""
+    listed = git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "course")
+    assert git(dest, "status", "--porcelain") == ""
+    return dest
+
+
+def scratch_env(scratch: Path, autosave_s: int | None) -> dict[str, str]:
+    """Jupyter's per-user folders in `scratch`, so the test neither reads a developer's
+    settings nor writes into their home; optionally a shorter autosave interval, set with the
+    same mechanism the course uses (a labconfig/default_setting_overrides.json)."""
+    env = {}
     for var, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
                      ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"),
                      ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"), ("IPYTHONDIR", "ipython")]:
         (scratch / sub).mkdir(parents=True, exist_ok=True)
         env[var] = str(scratch / sub)
-    # No "get Jupyter news?" toast over the screenshot, and no attempt to reach the network.
-    settings = scratch / "lab-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True, exist_ok=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    if autosave_s is not None:
+        (scratch / "config" / "labconfig").mkdir(parents=True, exist_ok=True)
+        (scratch / "config" / "labconfig" / "default_setting_overrides.json").write_text(json.dumps(
+            {"@jupyterlab/docmanager-extension:plugin": {"autosaveInterval": autosave_s}}))
     return env
 
 
 class LabServer:
-    """`jupyter lab --no-browser` on a free loopback port; always stopped by `stop()`."""
+    """`make.py lab`'s server (coursetools.lab.command) on a free loopback port; a recording
+    "browser" keeps the address it asks to open. Always stopped by `stop()`."""
 
-    def __init__(self, root_dir: Path, scratch: Path):
+    def __init__(self, root: Path, scratch: Path, *, instructor: bool = False,
+                 autosave_s: int | None = None):
         self.port = free_port()
         self.token = secrets.token_hex(24)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = scratch / "jupyterlab.log"
-        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
-               f"--port={self.port}", "--port-retries=0", f"--ServerApp.token={self.token}",
-               f"--ServerApp.root_dir={root_dir}"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.append("--allow-root")  # CI containers run as root; Jupyter refuses it otherwise
+        self.opened = scratch / "browser-opened.txt"
+        recorder = scratch / "record_browser.py"
+        recorder.write_text("import pathlib, sys\npathlib.Path(sys.argv[1]).write_text(sys.argv[2])\n")
+        extra = ["--ip=127.0.0.1", f"--port={self.port}", "--port-retries=0",
+                 f"--ServerApp.token={self.token}",
+                 f"--ServerApp.browser={sys.executable} {recorder} {self.opened} %s"]
+        self.started = time.perf_counter()
+        self.cmd = lab.command(root, instructor=instructor, extra_args=extra)
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, cwd=root_dir, env=lab_env(scratch), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(self.cmd.argv, cwd=self.cmd.cwd,
+                                     env={**self.cmd.env, **scratch_env(scratch, autosave_s)},
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.descendants: dict[int, str] = {}
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def wait_ready(self) -> None:
+    def wait_ready(self) -> str:
+        """Until the server answers and has asked the browser to open its page; that address."""
         deadline = time.monotonic() + SERVER_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 pytest.fail(f"JupyterLab exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/api/status?token={self.token}", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s:\n{self.log()}")
+            if self.opened.exists() and self.opened.read_text():
+                return self.opened.read_text()
+            time.sleep(0.3)
+        pytest.fail(f"JupyterLab did not open a browser within {SERVER_START_S} s:\n{self.log()}")
+
+    def api(self, path: str):
+        with urllib.request.urlopen(f"{self.url}{path}?token={self.token}", timeout=10) as r:
+            return json.load(r)
 
     def remember_processes(self) -> None:
         """Note the server's kernels (their own sessions: a process-group kill misses them)."""
@@ -150,17 +186,24 @@ class LabServer:
         return leftovers
 
 
+
+
 @pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server over a scratch copy of course/; stopped after the test."""
-    served = tmp_path / "served"
-    shutil.copytree(layout.COURSE_DIR, served / "course")
-    server = LabServer(served, tmp_path)
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        leftovers = server.stop()
+def server_factory(tmp_path):
+    """Start `make.py lab`'s server over a fresh checkout copy; stopped after the test."""
+    started: list[LabServer] = []
+
+    def start(**kw) -> LabServer:
+        checkout = checkout_copy(tmp_path / "checkout")
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        server = LabServer(checkout, scratch, **kw)
+        server.checkout = checkout
+        started.append(server)
+        return server
+
+    yield start
+    leftovers = [p for server in started for p in server.stop()]
     assert not leftovers, f"JupyterLab left processes running (killed now): {leftovers}"
 
 
@@ -179,36 +222,49 @@ def chromium(tmp_path):
             str(tmp_path / "chromium-profile"), executable_path=executable, headless=True,
             args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
         try:
-            yield context.pages[0] if context.pages else context.new_page()
+            page = context.pages[0] if context.pages else context.new_page()
+            page.set_default_timeout(60_000)
+            yield page
         finally:
             context.close()
 
 
+# The notebook the learner is working in: the last one opened (tabs' panels are added in
+# the order they are opened; nothing else is open in a fresh workspace).
+_PANEL = "[...document.querySelectorAll('.jp-NotebookPanel')].at(-1)"
+
 # Done: the kernel is idle and every code cell has its execution count, or a cell failed
 # (JupyterLab then stops running the rest, so waiting for all counts would only time out).
-# Never done while a dialog is open (it is answered first, see run_all_in_jupyterlab).
+# Never done while a dialog is open (it is answered first, see run_all).
 _RUN_FINISHED = f"""() => {{
-  const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-      .map(e => e.textContent.trim());
-  const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
-  if (document.querySelector('.jp-Dialog') !== null) return false;
+  const panel = {_PANEL};
+  if (!panel || document.querySelector('.jp-Dialog') !== null) return false;
+  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+  const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
   if (prompts.length === 0 || indicator === null || indicator.dataset.status !== 'idle') return false;
   if (prompts.some(t => t === '[*]:')) return false;
-  const failed = document.querySelector('.jp-Notebook [data-mime-type="{STDERR_MIME}"]') !== null;
+  const failed = panel.querySelector('[data-mime-type="{STDERR_MIME}"]') !== null;
   return failed || prompts.every(t => /^\\[\\d+\\]:$/.test(t));
 }}"""
 
 # Idle, no dialog, nothing queued, no error, yet not every cell ran: a Run All that
 # JupyterLab dropped (clicked while the page was still attaching to its kernel).
 _STALLED = f"""() => {{
-  const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]
-      .map(e => e.textContent.trim());
-  const indicator = document.querySelector('.jp-Notebook-ExecutionIndicator');
+  const panel = {_PANEL};
+  if (!panel) return false;
+  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+  const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
   return document.querySelector('.jp-Dialog') === null && indicator?.dataset.status === 'idle'
       && prompts.length > 0 && !prompts.some(t => t === '[*]:')
       && !prompts.every(t => /^\\[\\d+\\]:$/.test(t))
-      && document.querySelector('.jp-Notebook [data-mime-type="{STDERR_MIME}"]') === null;
+      && panel.querySelector('[data-mime-type="{STDERR_MIME}"]') === null;
 }}"""
+
+_CELLS = f"""() => [...{_PANEL}.querySelectorAll('.jp-CodeCell')].map(c => ({{
+    prompt: c.querySelector('.jp-InputPrompt')?.textContent.trim() ?? '',
+    outputs: [...c.querySelectorAll('.jp-OutputArea-output')].map(o => ({{
+        mime: o.dataset.mimeType ?? '', text: o.textContent }}))
+}}))"""
 
 
 def screenshot(page, tmp_path: Path, name: str) -> Path:
@@ -219,35 +275,34 @@ def screenshot(page, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def wait_for_kernel(lab: LabServer, relpath: str) -> None:
-    """Until the server has started the notebook's kernel and it has answered (idle)."""
+def current_tab(page) -> str:
+    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel").first.inner_text()
+
+
+def wait_for_notebook(page, server: LabServer, relpath: str) -> None:
+    """Until the notebook `relpath` (from the served folder) is the current tab, rendered,
+    and its kernel has started and is idle."""
+    name = Path(relpath).name
+    page.wait_for_function(f"""() => {{
+        const tab = document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel');
+        const panel = {_PANEL};
+        return tab?.textContent === {json.dumps(name)} && panel?.querySelector('.jp-CodeCell') != null
+            && panel.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle';
+    }}""", timeout=PAGE_LOAD_MS)
     deadline = time.monotonic() + PAGE_LOAD_MS / 1000
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{lab.url}/api/sessions?token={lab.token}", timeout=10) as r:
-            sessions = json.load(r)
-        if any(s.get("path", "").endswith(relpath) and (s.get("kernel") or {}).get("execution_state") == "idle"
-               for s in sessions):
+        if any(s.get("path", "") == relpath and (s.get("kernel") or {}).get("execution_state") == "idle"
+               for s in server.api("/api/sessions")):
+            server.remember_processes()
             return
         time.sleep(0.5)
-    pytest.fail(f"JupyterLab started no kernel for {relpath} within {PAGE_LOAD_MS // 1000} s:\n{lab.log()}")
+    pytest.fail(f"JupyterLab started no kernel for {relpath} within {PAGE_LOAD_MS // 1000} s:\n{server.log()}")
 
 
-def run_all_cells(page) -> None:
+def run_all(page, server: LabServer, relpath: str, tmp_path: Path) -> dict:
+    """Run > Run All Cells in the current notebook; what the page then shows."""
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-
-
-def run_all_in_jupyterlab(page, lab: LabServer, relpath: str, tmp_path: Path) -> dict:
-    """Open `relpath` in JupyterLab, run all cells from the menu, return what the page shows."""
-    page.set_default_timeout(60_000)
-    page.goto(f"{lab.url}/lab/tree/{relpath}?token={lab.token}", timeout=PAGE_LOAD_MS)
-    page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=PAGE_LOAD_MS)
-    wait_for_kernel(lab, relpath)
-    page.wait_for_function(
-        "() => document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle'",
-        timeout=PAGE_LOAD_MS)
-    lab.remember_processes()
-    run_all_cells(page)
     started = last_click = time.perf_counter()
     deadline = started + RUN_ALL_MS / 1000
     retries: list[str] = []
@@ -267,7 +322,7 @@ def run_all_in_jupyterlab(page, lab: LabServer, relpath: str, tmp_path: Path) ->
         elif page.evaluate(_STALLED) and now - last_click > 10 and len(retries) < 4:
             # Run All clicked while the page was still attaching to its kernel runs the
             # first cell or none, then stops. Start over as a learner would.
-            wait_for_kernel(lab, relpath)
+            wait_for_notebook(page, server, relpath)
             page.get_by_role("menuitem", name="Kernel", exact=True).click()
             page.get_by_role("menuitem", name=re.compile(r"^Restart Kernel and Run All Cells")).click()
             retries.append("the run stalled: Kernel > Restart Kernel and Run All Cells")
@@ -275,32 +330,39 @@ def run_all_in_jupyterlab(page, lab: LabServer, relpath: str, tmp_path: Path) ->
         if now > deadline:
             shot = screenshot(page, tmp_path, "jupyterlab-timeout.png")
             pytest.fail(f"the cells did not all finish within {RUN_ALL_MS // 1000} s (screenshot {shot}; "
-                        f"{retries})\n{lab.log()}")
+                        f"{retries})\n{server.log()}")
         time.sleep(0.5)
-    seconds = time.perf_counter() - started
-    cells = page.evaluate("""() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')].map(c => ({
-        prompt: c.querySelector('.jp-InputPrompt')?.textContent.trim() ?? '',
-        outputs: [...c.querySelectorAll('.jp-OutputArea-output')].map(o => ({
-            mime: o.dataset.mimeType ?? '', text: o.textContent }))
-    }))""")
-    stem = Path(relpath).stem
-    page.locator(".jp-Notebook .jp-CodeCell").first.scroll_into_view_if_needed()
-    top = screenshot(page, tmp_path, f"jupyterlab-{stem}-top.png")
-    page.locator(".jp-Notebook .jp-CodeCell").last.scroll_into_view_if_needed()
-    bottom = screenshot(page, tmp_path, f"jupyterlab-{stem}-bottom.png")
-    return {"cells": cells, "seconds": seconds, "screenshots": [top, bottom], "retries": retries}
+    return {"cells": page.evaluate(_CELLS), "seconds": time.perf_counter() - started, "retries": retries}
 
 
-def test_start_here_runs_in_jupyterlab_in_a_browser(chromium, lab, tmp_path):
-    # (chromium first: where there is no browser the test skips before starting a server)
+def follow_link(page, text: str) -> None:
+    """Click the link showing `text` in the current notebook, as a learner does."""
+    link = page.locator(".jp-NotebookPanel").last.locator(".jp-RenderedMarkdown a", has_text=text).first
+    link.scroll_into_view_if_needed()
+    link.click()
+
+
+def nbgrader_ui(page) -> list[str]:
+    """nbgrader's panels and buttons visible in the page."""
+    found = []
+    if page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).count():
+        found.append("the Nbgrader menu")
+    if page.locator(".jp-NotebookPanel-toolbar", has_text="Validate").count():
+        found.append("the Validate button")
+    if page.locator(".lm-TabBar-tab[title*='Create Assignment' i], .lm-TabBar-tab[data-id*='create' i]").count():
+        found.append("the Create Assignment sidebar")
+    return found
+
+
+def news_popup(page) -> bool:
+    return page.get_by_text(re.compile(r"Jupyter news", re.IGNORECASE)).count() > 0
+
+
+def check_start_here(cells: list[dict], where: str) -> None:
+    """00_start_here ran in full: outputs, the setup cell's device report, nothing on stderr."""
     import torch
 
-    before = hashlib.sha256((ROOT / NOTEBOOK).read_bytes()).hexdigest()
-    shown = run_all_in_jupyterlab(chromium, lab, NOTEBOOK, tmp_path)
-    cells = shown["cells"]
     expected_code = [c for c in notebooks.read(ROOT / NOTEBOOK).cells if c.cell_type == "code"]
-    where = f"(screenshots: {', '.join(map(str, shown['screenshots']))})"
-
     failures = [f"code cell {i}: {o['text'][:800]}" for i, c in enumerate(cells) for o in c["outputs"]
                 if o["mime"] == STDERR_MIME]
     assert not failures, "a cell raised or wrote to stderr in JupyterLab:\n" + "\n".join(failures) + f"\n{where}"
@@ -310,7 +372,6 @@ def test_start_here_runs_in_jupyterlab_in_a_browser(chromium, lab, tmp_path):
     for i, (cell, source) in enumerate(zip(cells, expected_code)):
         if "print(" in source.source:
             assert any(o["text"].strip() for o in cell["outputs"]), f"code cell {i} prints, but shows no output {where}"
-
     setup = " ".join(o["text"] for o in cells[0]["outputs"])
     assert f"PyTorch {torch.__version__} | device: " in setup, f"the setup cell's report is missing: {setup!r} {where}"
     device = setup.split("device: ", 1)[1].split()[0]
@@ -319,6 +380,144 @@ def test_start_here_runs_in_jupyterlab_in_a_browser(chromium, lab, tmp_path):
     everything = "\n".join(o["text"] for c in cells for o in c["outputs"])
     assert f"torch       {torch.__version__}" in everything and f"chosen      {device}" in everything, (
         f"the device report (section 2) is not shown {where}")
-    assert hashlib.sha256((ROOT / NOTEBOOK).read_bytes()).hexdigest() == before, (
-        "the repository's notebook changed: the browser test must work on a copy")
-    print(f"JupyterLab ran {NOTEBOOK} in {shown['seconds']:.1f} s; retries: {shown['retries'] or 'none'}; {where}")
+
+
+def type_into_cell(page, index: int, text: str) -> None:
+    """Replace the source of code cell `index` of the current notebook with `text`."""
+    cell = page.locator(".jp-NotebookPanel").last.locator(".jp-CodeCell").nth(index)
+    cell.scroll_into_view_if_needed()
+    editor = cell.locator(".cm-content").first
+    editor.click()
+    page.keyboard.press("ControlOrMeta+a")
+    page.keyboard.insert_text(text)
+    page.keyboard.press("Escape")  # command mode, as after typing
+
+
+def test_learner_path_in_jupyterlab(chromium, server_factory, tmp_path):
+    """make.py lab's learner mode, from the first page to a saved exercise, repository clean."""
+    page = chromium
+    server = server_factory(autosave_s=AUTOSAVE_S)
+    checkout, work = server.checkout, lab.work_dir(server.checkout)
+    opened = server.wait_ready()
+    page.goto(opened, timeout=PAGE_LOAD_MS)  # what a learner's browser is given
+    wait_for_notebook(page, server, NOTEBOOK)
+    ready_s = time.perf_counter() - server.started
+    first = screenshot(page, tmp_path, "jupyterlab-learner-first-start.png")
+    where = f"(screenshot: {first})"
+
+    # The page as the learner first sees it: the served folder is the work folder.
+    assert server.cmd.serve_root == work and (work / NOTEBOOK).exists()
+    assert not nbgrader_ui(page), f"learner mode shows {nbgrader_ui(page)} {where}"
+
+    shown = run_all(page, server, NOTEBOOK, tmp_path)
+    check_start_here(shown["cells"], where)
+    assert not news_popup(page), f"the 'Jupyter news' pop-up is shown {where}"
+
+    # 00 -> lesson 01 -> its exercise, through the links in the notebooks.
+    follow_link(page, "01 · Device basics")
+    wait_for_notebook(page, server, f"course/{CHAPTER}.ipynb")
+    follow_link(page, f"exercises/{CHAPTER}")
+    exercise_rel = f"exercises/{CHAPTER}/{CHAPTER}{lab.EXERCISE_SUFFIX}.ipynb"
+    wait_for_notebook(page, server, exercise_rel)
+    assert current_tab(page) == Path(exercise_rel).name
+
+    # Answer question 1 with the reference answer, run everything (the release tags test
+    # cells `raises-exception`, so JupyterLab runs on past a failing test): question 1's test
+    # cells pass (a test cell that passes shows nothing), question 2's shows that it is
+    # not answered yet.
+    exercise = notebooks.read(work / exercise_rel)
+    code = [c for c in exercise.cells if c.cell_type == "code"]
+    answers = fixtures.reference_answers(notebooks.read(layout.source_notebook(CHAPTER, checkout)))
+    solutions = [i for i, c in enumerate(code) if notebooks.is_solution(c)]
+    first_answer, second_answer = solutions[0], solutions[1]
+    gid = notebooks.grade_id(code[first_answer])
+    type_into_cell(page, first_answer, answers[gid])
+    ran = run_all(page, server, exercise_rel, tmp_path)
+    shot = screenshot(page, tmp_path, "jupyterlab-learner-exercise.png")
+    cells = ran["cells"]
+    assert len(cells) == len(code), f"JupyterLab shows {len(cells)} code cells, the exercise has {len(code)}"
+    tests_q1 = [i for i in range(first_answer + 1, second_answer) if notebooks.is_test_cell(code[i])]
+    assert tests_q1
+    for i in tests_q1:
+        assert re.fullmatch(r"\[\d+\]:", cells[i]["prompt"]), f"test cell {notebooks.grade_id(code[i])} did not run ({shot})"
+        errors = [o["text"][:500] for o in cells[i]["outputs"] if o["mime"] == STDERR_MIME]
+        assert not errors, f"test cell {notebooks.grade_id(code[i])} failed on the reference answer: {errors} ({shot})"
+    q2_test = next(i for i in range(second_answer + 1, len(code)) if notebooks.is_test_cell(code[i]))
+    q2_text = " ".join(o["text"] for o in cells[q2_test]["outputs"] if o["mime"] == STDERR_MIME)
+    assert "NotImplementedError" in q2_text, (
+        f"{notebooks.grade_id(code[q2_test])} should fail with question 2's stub: {q2_text[:300]!r} ({shot})")
+
+    # Past the autosave interval the server really uses: the learner's copies hold the work,
+    # and the repository is untouched.
+    doc = server.api("/lab/api/settings/@jupyterlab/docmanager-extension:plugin")
+    interval = doc["settings"].get("autosaveInterval",
+                                   doc["schema"]["properties"]["autosaveInterval"]["default"])
+    assert doc["settings"].get("autosave", True) is not False
+    assert interval == AUTOSAVE_S, f"the server's autosave interval is {interval} s"
+    run_done = time.monotonic()
+    saved = None
+    while time.monotonic() < run_done + 3 * interval + 60:
+        nb = notebooks.read(work / exercise_rel)
+        if nb.cells and any(c.get("outputs") for c in nb.cells if c.cell_type == "code"):
+            saved = nb
+            if time.monotonic() > run_done + interval + 5:
+                break
+        time.sleep(1)
+    assert saved is not None, f"autosave did not write {work / exercise_rel} within {3 * interval + 60} s"
+    saved_answer = [c for c in saved.cells if c.cell_type == "code"][first_answer].source
+    assert saved_answer.strip() == answers[gid].strip(), "the typed answer is not in the learner's copy"
+    start_copy = notebooks.read(work / NOTEBOOK)
+    assert any(c.get("outputs") for c in start_copy.cells if c.cell_type == "code"), (
+        "00_start_here's outputs were not autosaved into the learner's copy")
+    status = git(checkout, "status", "--porcelain")
+    assert status == "", f"JupyterLab changed the repository:\n{status}"
+
+    log = server.log_path.read_text(errors="replace")
+    assert not re.search(r"^\[C ", log, re.MULTILINE), f"the server logged a critical error:\n{log[-3000:]}"
+    assert " 404 " not in log or ".ipynb" not in "".join(l for l in log.splitlines() if " 404 " in l), (
+        f"a notebook was not found:\n{log[-3000:]}")
+    summary = (f"make.py lab (learner mode) to {NOTEBOOK} ready (rendered, kernel idle): {ready_s:.1f} s; "
+               f"00 ran in {shown['seconds']:.1f} s, the exercise in {ran['seconds']:.1f} s; "
+               f"autosave interval {interval} s; retries: {shown['retries'] + ran['retries'] or 'none'}")
+    (ARTIFACTS / "jupyterlab-learner.txt").write_text(summary + "\n")
+    print(summary, f"screenshots: {first}, {shot}")
+
+
+def test_instructor_mode_formgrader_lists_and_links(chromium, server_factory, tmp_path):
+    """make.py lab --instructor: Formgrader on this course, its links open real folders."""
+    page = chromium
+    server = server_factory(instructor=True)
+    page.goto(server.wait_ready(), timeout=PAGE_LOAD_MS)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).click()
+    page.get_by_role("menuitem", name="Formgrader", exact=True).click()
+    frame = page.frame_locator("iframe[src*='formgrader']")
+    names = layout.assignments(server.checkout)
+    for name in names:
+        frame.get_by_role("link", name=name, exact=True).wait_for(timeout=PAGE_LOAD_MS)
+    shot = screenshot(page, tmp_path, "jupyterlab-instructor-formgrader.png")
+    assert not news_popup(page), f"the 'Jupyter news' pop-up is shown ({shot})"
+
+    def browser_shows(folder: str, notebook: str) -> None:
+        """Until JupyterLab's file browser shows `folder`, with `notebook` in it."""
+        state = """() => ({crumbs: document.querySelector('.jp-FileBrowser .jp-BreadCrumbs')?.textContent ?? '',
+            items: [...document.querySelectorAll('.jp-FileBrowser .jp-DirListing-itemText')].map(e => e.textContent)})"""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = page.evaluate(state)
+            if re.sub(r"\s", "", now["crumbs"]).rstrip("/").endswith(folder) and notebook in now["items"]:
+                return
+            time.sleep(0.5)
+        shot = screenshot(page, tmp_path, "jupyterlab-instructor-link.png")
+        pytest.fail(f"the file browser does not show {folder}/{notebook}: {now} ({shot})")
+
+    frame.get_by_role("link", name=CHAPTER, exact=True).click()
+    browser_shows(f"solutions/{CHAPTER}", f"{CHAPTER}.ipynb")
+    row = frame.locator("tr", has=frame.get_by_role("link", name=CHAPTER, exact=True))
+    row.locator("a:has(.glyphicon-search)").click()  # Preview: the released version
+    browser_shows(f"exercises/{CHAPTER}", f"{CHAPTER}.ipynb")
+    # Formgrader says (in its page and its log) that release/collect need nbgrader's exchange,
+    # which a class server provides; any other critical line is a failure.
+    critical = [line for line in server.log_path.read_text(errors="replace").splitlines()
+                if line.startswith("[C ") and "Unwritable directory" not in line]
+    assert not critical, f"the server logged a critical error: {critical}"
+    print(f"Formgrader lists {', '.join(names)}; screenshot {shot}")

@@ -176,3 +176,20 @@ def test_valid_against_nbformat_schema(path):
     except nbformat.ValidationError as exc:
         pytest.fail(f"{path.name} does not validate against nbformat "
                     f"{raw.get('nbformat')}.{raw.get('nbformat_minor')}: {exc.message}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_relative_links_point_at_existing_files(path):
+    """Every relative link (lesson -> exercise, exercise -> lesson, next chapter) names a
+    file of the repository, so it opens in JupyterLab (make.py lab's work folder mirrors
+    these paths; tests/test_lab.py checks the copies' links)."""
+    import json
+
+    from coursetools import lab
+
+    links = lab.relative_links(json.loads(path.read_text(encoding="utf-8")))
+    broken = [link for link in links if not (path.parent / link).is_file()]
+    assert not broken, f"{path.name} links to files that do not exist: {broken}"
+    if path.parent == layout.COURSE_DIR and path.stem in ASSIGNMENTS:
+        exercise = f"../exercises/{path.stem}/{path.stem}.ipynb"
+        assert exercise in links, f"lesson {path.name} does not link to its exercise {exercise}"
