@@ -11,13 +11,15 @@
     python3 make.py author-check NAME   quick checks of one chapter while you write it
     python3 make.py grade-class ...     grade a class's submissions (see README, instructors)
     python3 make.py gpu-report          run every notebook and test on a CUDA GPU, write a report
+    python3 make.py test-torch 2.9.1    run every notebook alone on another PyTorch release
+                                        (or: lowest, newest; a venv of its own, reused)
 
 Everything is installed into ./.venv, never into your system Python. The first run takes a
 few minutes; later runs reinstall only when requirements change. PyTorch: if .venv already
-has a torch in the supported range (requirements.txt), it is kept; otherwise the release the
-tests are pinned to (course.toml: tested_torch) is installed. To use another build (e.g. a
-CUDA wheel on Windows), install it into .venv first, or set TORCH_SPEC, e.g.
-TORCH_SPEC="torch==2.7.1".
+has a torch in the supported range (course.toml [torch] supported), it is kept; otherwise
+the release the tests are pinned to (course.toml [torch] tested) is installed. To use another
+build (e.g. a CUDA wheel on Windows), install it into .venv first, or set TORCH_SPEC, e.g.
+TORCH_SPEC="torch==2.11.0".
 """
 
 from __future__ import annotations
@@ -48,12 +50,16 @@ def venv_python() -> Path:
     return VENV / "bin" / "python"
 
 
+def torch_config() -> dict[str, str]:
+    """course.toml's [torch] table: the supported range, the pinned release, the two ends."""
+    import tomllib
+
+    with open(ROOT / "course.toml", "rb") as fh:
+        return tomllib.load(fh)["torch"]
+
+
 def tested_torch() -> str:
-    text = (ROOT / "course.toml").read_text(encoding="utf-8")
-    match = re.search(r'^tested_torch\s*=\s*"([^"]+)"', text, re.M)
-    if not match:
-        sys.exit("error: course.toml has no tested_torch = \"X.Y.Z\" line")
-    return match.group(1)
+    return torch_config()["tested"]
 
 
 def run(cmd: list[str], **kw) -> None:
@@ -64,9 +70,8 @@ def run(cmd: list[str], **kw) -> None:
 
 
 def torch_in_range(py: Path) -> bool:
-    """True when .venv has a torch that requirements.txt accepts."""
-    spec = next(line.strip() for line in REQUIREMENTS.read_text().splitlines()
-                if line.strip().startswith("torch"))
+    """True when .venv has a torch in the supported range (course.toml [torch] supported)."""
+    spec = "torch" + torch_config()["supported"]
     code = (
         "import sys\n"
         "try:\n"
@@ -125,11 +130,11 @@ def jupyter_env() -> dict[str, str]:
 # make.py subcommand -> coursetools module that implements it
 MODULES = {"check": "selfcheck", "release": "release", "links": "links",
            "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom",
-           "gpu-report": "gpu_report"}
+           "gpu-report": "gpu_report", "test-torch": "torchrange"}
 
 
 # Commands that run the test suite need the test-only packages too.
-DEV_COMMANDS = {"gpu-report"}
+DEV_COMMANDS = {"gpu-report", "test-torch"}
 
 
 def main(argv: list[str]) -> int:
