@@ -20,7 +20,10 @@ from nbgrader.preprocessors import (  # noqa: E402
     InstantiateTests, LimitOutput, LockCells, SaveAutoGrades, SaveCells,
 )
 
-from coursetools.nbgrader_ext import ResilientExecute, TagStubCells  # noqa: E402
+from coursetools.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
+from coursetools.nbgrader_ext import (  # noqa: E402
+    ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells,
+)
 
 c.CourseDirectory.root = _ROOT
 c.CourseDirectory.course_id = "pytorch-devices"
@@ -38,22 +41,30 @@ c.GenerateAssignment.preprocessors = [
 c.OverwriteCells.add_missing_cells = True
 
 # Autograding: nbgrader's steps, with Execute replaced by ResilientExecute (a crash or a
-# hang costs one cell, not the notebook; the kernel runs sandboxed; tamper checks;
-# hidden-test source removed from outputs). See coursetools/nbgrader_ext.py.
+# hang costs one cell, not the notebook; the kernel runs sandboxed; a test's result comes
+# from the kernel protocol, with tamper checks around it, and its outputs become the
+# grader's verdict; hidden tests reach the kernel compiled). See coursetools/nbgrader_ext.py.
 c.Autograde.autograde_preprocessors = [
     ResilientExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata,
 ]
-# Per-cell limit (a DDP launch in chapter 06 took 6-11 s on 2 CPUs in our runs).
-c.ResilientExecute.timeout = 120
+# Per-cell limit and per-submission budget: one place, coursetools/execute.py (the
+# self-check uses the same limit). Chapter 06's graded cell launches 2 processes (up to
+# 42 s seen on a loaded 2-core machine); the budget is 5 cell limits for a whole notebook.
+c.ResilientExecute.timeout = CELL_TIMEOUT_S
+c.ResilientExecute.budget = SUBMISSION_BUDGET_S
 # "auto": bubblewrap where it works, otherwise no sandbox (with a warning in the log).
 # Set "bwrap" to refuse grading without the sandbox.
 c.ResilientExecute.sandbox = "auto"
 c.ResilientExecute.memory_mb = 4096
 
 # Feedback shows the visible tests only: hidden tests' source is cleared (nbgrader's
-# default feedback would show it).
-c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, ClearHiddenTests]
+# default feedback would show it), without failing on a student cell that merely contains
+# the markers (nbgrader's ClearHiddenTests raises there, and that student gets no feedback).
+# Feedback HTML runs nothing: output kinds that can carry script are dropped (SafeOutputs),
+# and HTML/Markdown from students goes through nbconvert's sanitizer.
+c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, ClearHiddenTestsSafely, SafeOutputs]
+c.HTMLExporter.sanitize_html = True
 
 # zip_collect: files named <student_id>__<notebook>.ipynb (e.g. from an LMS download).
 c.FileNameCollectorPlugin.named_regexp = (

@@ -1,12 +1,14 @@
-"""How fast a class is graded, with and without the kernel sandbox, measured side by side.
+"""How fast a class is graded, side by side: with and without the kernel sandbox, or with
+and without the tamper checks (guard cells around each test, tests sent compiled).
 
     .venv/bin/python benchmarks/grading_throughput.py --students 12 --assignment 01_device_basics
+    .venv/bin/python benchmarks/grading_throughput.py --compare checks --students 8
 
 Builds a scratch course with N copies of the reference answers (plus the untouched release,
-so failing tests are part of the mix), then runs `grade-class` on it with the sandbox off
-and with bubblewrap, each on a fresh copy, in alternating order over --rounds rounds, and
-prints wall time and submissions per minute. Nothing here asserts on time: it reports
-what this machine does.
+so failing tests are part of the mix), then runs `grade-class` on it in each mode, each on a
+fresh copy of the same submissions, in alternating order over --rounds rounds, and prints
+wall time and submissions per minute. Nothing here asserts on time: it reports what this
+machine does.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ def build(root: Path, name: str, students: int) -> NbgraderCourse:
 
 
 def grade(course: NbgraderCourse, name: str, mode: str) -> float:
+    args = {"off": ["--sandbox", "off"], "bwrap": ["--sandbox", "bwrap"],
+            "checks on": [], "checks off": ["--no-tamper-checks"]}[mode]
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "coursetools.classroom", name, "--course", str(course.root), "--sandbox", mode],
+        [sys.executable, "-m", "coursetools.classroom", name, "--course", str(course.root), *args],
         cwd=ROOT, capture_output=True, text=True, env=layout.env_with_course_tools())
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
@@ -54,26 +58,32 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds; the order of the modes alternates, so that neither always "
                              "runs on a cold cache (default 2)")
+    parser.add_argument("--compare", choices=["sandbox", "checks"], default="sandbox",
+                        help="sandbox: off vs bwrap; checks: tamper checks off vs on (default sandbox)")
     args = parser.parse_args()
-    modes = ["off"] + (["bwrap"] if sandbox.bwrap_works()[0] else [])
+    if args.compare == "checks":
+        modes = ["checks off", "checks on"]
+    else:
+        modes = ["off"] + (["bwrap"] if sandbox.bwrap_works()[0] else [])
     if len(modes) == 1:
         print(f"no sandbox here ({sandbox.bwrap_works()[1]}): measuring without it only")
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for mode in (modes if r % 2 == 0 else modes[::-1]):
-                course = build(Path(tmp) / f"{mode}{r}", args.assignment, args.students)
+                course = build(Path(tmp) / f"{mode.replace(' ', '-')}{r}", args.assignment, args.students)
                 times[mode].append(grade(course, args.assignment, mode))
-                print(f"  round {r + 1}, sandbox {mode}: {times[mode][-1]:.1f} s", flush=True)
+                print(f"  round {r + 1}, {mode}: {times[mode][-1]:.1f} s", flush=True)
                 shutil.rmtree(course.root, ignore_errors=True)
     print(f"grade-class {args.assignment}, {args.students} submissions, {os.cpu_count()} CPUs "
           f"(generate + autograde + feedback + export), mean of {args.rounds} rounds:")
     mean = {mode: sum(ts) / len(ts) for mode, ts in times.items()}
     for mode, seconds in mean.items():
-        print(f"  sandbox {mode:5}: {seconds:6.1f} s  = {60 * args.students / seconds:5.1f} submissions/min"
+        print(f"  {mode:10}: {seconds:6.1f} s  = {60 * args.students / seconds:5.1f} submissions/min"
               f"  (rounds: {', '.join(f'{t:.1f}' for t in times[mode])})")
     if len(mean) == 2:
-        print(f"  sandbox cost: {mean['bwrap'] - mean['off']:+.1f} s ({mean['bwrap'] / mean['off'] - 1:+.0%})")
+        base, new = modes
+        print(f"  cost of {new}: {mean[new] - mean[base]:+.1f} s ({mean[new] / mean[base] - 1:+.0%})")
     return 0
 
 

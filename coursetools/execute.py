@@ -6,14 +6,27 @@ a cell kills the kernel or outlives its limit, that cell gets an error output sa
 fresh kernel is started, the code cells that had already run cleanly (except test cells,
 which define nothing later cells need) are replayed, and execution goes on with the next
 cell. Later cells that needed what the broken cell would have defined fail on their own.
+
+A cell's result is decided from the kernel protocol, not from the outputs the notebook
+ends up with: the `execute_reply` status, and every `error` and stderr message the kernel
+published while the cell ran (code in the kernel can clear or fake outputs afterwards, not
+un-send a message). When the notebook has test cells, the tamper checks of
+coursetools.guard run before and after each of them (`guarded`), and test cells reach the
+kernel compiled, so hidden tests never arrive as text. The whole notebook has a time
+budget (`budget`): when it runs out, the running cell is stopped and the rest never run.
 """
 
 from __future__ import annotations
 
 import copy
 import enum
+import math
 import os
+import shutil
 import subprocess
+import tempfile
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +36,14 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode, v4
 from traitlets import Integer
 
-from . import notebooks
+from . import guard, notebooks
+
+# One place for the limits: the self-check (coursetools.selfcheck), grade-class
+# (nbgrader_config.py's ResilientExecute) and the author checks read these.
+CELL_TIMEOUT_S = 180  # per cell: chapter 06's graded cell launches 2 processes (up to 42 s seen on 2 cores)
+SUBMISSION_BUDGET_S = 5 * CELL_TIMEOUT_S  # per notebook, kernel starts and restarts included
+BUDGET_ENAME = "SubmissionBudgetExceeded"
+GUARD_TIMEOUT_S = 120  # a tamper-check cell of the grader's (it imports torch once)
 
 
 class KernelStartError(RuntimeError):
@@ -44,35 +64,98 @@ class ExecutionReport:
     restarts: int = 0
     gave_up_at: int | None = None  # index of the first cell left unrun after too many restarts
     notes: list[str] = field(default_factory=list)
+    tampering: dict[int, str] = field(default_factory=dict)  # test cell index -> what changed
+    budget_exceeded_at: int | None = None  # the cell running when the budget ran out
+    seconds: float = 0.0
+    dropped_output_bytes: int = 0
+
+
+def _size(value: Any) -> int:
+    """Bytes of text in a message's content, without copying it (a repr of 200 MiB would)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_size(k) + _size(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_size(v) for v in value)
+    return 8
 
 
 class CappedClient(NotebookClient):
-    """A NotebookClient that keeps at most `max_output_bytes` of output per cell.
-
-    A cell printing gigabytes would otherwise fill the grader's memory before anything
-    could trim it; the rest of such output is dropped (errors are always kept).
+    """A NotebookClient that keeps at most `max_output_bytes` of output per cell and
+    `max_total_output_bytes` per notebook (display updates included), and records, per
+    cell, the evidence the verdict uses: the execute_reply, and whether any `error` or
+    stderr message arrived on iopub (whatever happened to the outputs afterwards).
     """
 
     max_output_bytes = Integer(2_000_000, help="Output kept per cell, bytes").tag(config=True)
+    max_total_output_bytes = Integer(20_000_000, help="Output kept per notebook, bytes").tag(config=True)
+
+    def __init__(self, *args, runtime_dir: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.evidence: dict[int, set[str]] = {}
+        self.replies: dict[int, dict] = {}
+        self.dropped = 0
+        self._runtime_dir = runtime_dir
+        self.on_cell_executed = self._record_reply
+
+    def create_kernel_manager(self):
+        km = super().create_kernel_manager()
+        if self._runtime_dir and not hasattr(km, "_runtime"):  # the sandbox's has its own folder
+            km.connection_file = os.path.join(self._runtime_dir, f"kernel-{uuid.uuid4().hex}.json")
+        return km
+
+    def _record_reply(self, cell, cell_index, execute_reply):
+        self.replies[cell_index] = (execute_reply or {}).get("content", {})
+
+    def _cap_note(self, outs, cell_index):
+        counts = self.__dict__.setdefault("_output_bytes", {})
+        if counts.get(cell_index, 0) <= self.max_output_bytes:  # say so once per cell
+            outs.append(v4.new_output(
+                "stream", name="stdout",
+                text=f"\n[output truncated: this cell printed more than "
+                     f"{self.max_output_bytes:,} bytes (or the notebook more than "
+                     f"{self.max_total_output_bytes:,})]\n"))
+            counts[cell_index] = self.max_output_bytes + 1
+
+    def process_message(self, msg, cell, cell_index):
+        kind = msg["msg_type"]
+        content = msg.get("content") or {}
+        seen = self.evidence.setdefault(cell_index, set())
+        if kind == "error":
+            seen.add("error")
+        elif kind == "stream" and content.get("name") == "stderr":
+            seen.add("stderr")
+        elif kind == "update_display_data" and _size(content) > self.max_output_bytes:
+            # An update replaces an earlier output's data wherever it is shown: over the
+            # per-cell cap it is dropped, never kept.
+            self.dropped += _size(content)
+            self._cap_note(cell.outputs, cell_index)
+            return None
+        return super().process_message(msg, cell, cell_index)
 
     def output(self, outs, msg, display_id, cell_index):
         counts = self.__dict__.setdefault("_output_bytes", {})
         used = counts.get(cell_index, 0)
-        size = len(repr(msg.get("content", "")))
-        if msg["msg_type"] != "error" and used + size > self.max_output_bytes:
-            if used <= self.max_output_bytes:  # say so once
-                outs.append(v4.new_output(
-                    "stream", name="stdout",
-                    text=f"\n[output truncated: this cell printed more than "
-                         f"{self.max_output_bytes:,} bytes]\n"))
-                counts[cell_index] = self.max_output_bytes + 1
+        total = self.__dict__.get("_total_bytes", 0)
+        size = _size(msg.get("content", ""))
+        if msg["msg_type"] == "error":
+            size = min(size, 20_000)
+        elif used + size > self.max_output_bytes or total + size > self.max_total_output_bytes:
+            self.dropped += size
+            self._cap_note(outs, cell_index)
             return None
         counts[cell_index] = used + size
+        self.__dict__["_total_bytes"] = total + size
         return super().output(outs, msg, display_id, cell_index)
 
 
 class _RestartKernel(Exception):
     """A cell left the kernel unusable (out of memory): restart before the next cell."""
+
+
+class _BudgetSpent(Exception):
+    """The notebook's time budget ran out."""
 
 
 def _ran_out_of_memory(cell: NotebookNode) -> bool:
@@ -90,23 +173,55 @@ def _has_error(cell: NotebookNode) -> bool:
     )
 
 
+def _failed(cell: NotebookNode, reply: dict | None, evidence: set[str]) -> bool:
+    """The cell failed by any evidence: its reply's status, an error or stderr message sent
+    while it ran, or what its outputs still show."""
+    return (reply is None or reply.get("status") != "ok") or bool(evidence) or _has_error(cell)
+
+
+def _reply_error(cell: NotebookNode, reply: dict | None, evidence: set[str]) -> None:
+    """Make the cell's outputs show a failure the protocol saw but the outputs hide (cleared
+    or replaced by code in the kernel), so every later reader (nbgrader) sees it."""
+    if _has_error(cell):
+        return
+    if reply is not None and reply.get("status") == "error":
+        ename, evalue = reply.get("ename", "Error"), reply.get("evalue", "")
+    elif "stderr" in evidence:
+        ename, evalue = "StderrWritten", "the cell wrote to stderr (the output was then hidden)"
+    else:
+        ename, evalue = "HiddenError", (f"the kernel reported status {(reply or {}).get('status')!r} "
+                                        "or an error the outputs no longer show")
+    cell.outputs.insert(0, error_output(ename, evalue))
+
+
+def _kernel_env(env: dict[str, str] | None, private: str) -> dict[str, str]:
+    out = dict(os.environ if env is None else env)
+    if env is None:  # not sandboxed: keep the kernel's files (cell sources, history) in `private`
+        out.update(TMPDIR=private, IPYTHONDIR=os.path.join(private, "ipython"))
+    return out
+
+
 def execute_resilient(
     nb: NotebookNode,
     *,
     cwd: str | Path,
-    timeout: int = 60,
+    timeout: int = CELL_TIMEOUT_S,
     kernel_name: str = "python3",
     max_restarts: int = 3,
     is_replayable: Callable[[NotebookNode], bool] | None = None,
     client_kwargs: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
+    guarded: bool = True,
+    budget: float | None = SUBMISSION_BUDGET_S,
 ) -> ExecutionReport:
     """Run every code cell of `nb` in place (outputs are written into the cells).
 
     `is_replayable(cell)` says which cleanly-run cells are replayed in a fresh kernel after
     a crash; by default every code cell except nbgrader test cells. `client_kwargs` go to
     `nbclient.NotebookClient` (e.g. a sandboxing `kernel_manager_class`); `env` is the
-    kernel's environment (default: this process's).
+    kernel's environment (default: this process's). `guarded`: tamper checks around test
+    cells, and test cells sent compiled (coursetools.guard); a failed check fails its test
+    cell with a `TamperingDetected` error. `budget`: seconds for the whole notebook.
     """
     if is_replayable is None:
         def is_replayable(cell: NotebookNode) -> bool:
@@ -116,10 +231,66 @@ def execute_resilient(
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
+    inst = None
+    if guarded and any(c.cell_type == "code" and notebooks.is_test_cell(c) for c in nb.cells):
+        inst = guard.instrument(nb)
+    run_nb = inst.nb if inst else nb
+    private = tempfile.mkdtemp(prefix="kernel-files-")
+    try:
+        report = _run(run_nb, cwd=cwd, timeout=timeout, kernel_name=kernel_name,
+                      max_restarts=max_restarts, is_replayable=is_replayable,
+                      client_kwargs=client_kwargs, env=_kernel_env(env, private),
+                      budget=budget, private=private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    if inst is None:
+        return report
+    # Map the instrumented run back onto the notebook's own cells.
+    run_outcomes = report.outcomes
+    report.tampering = guard.collect_outputs(nb, inst, [o.value for o in run_outcomes])
+    report.outcomes = [run_outcomes[p] for p in inst.positions]
+    for i in report.tampering:
+        report.outcomes[i] = Outcome.ERROR
+    if report.budget_exceeded_at is not None:
+        inside = [i for i, p in enumerate(inst.positions) if p >= report.budget_exceeded_at]
+        report.budget_exceeded_at = inside[0] if inside else None
+    if report.gave_up_at is not None:
+        inside = [i for i, p in enumerate(inst.positions) if p >= report.gave_up_at]
+        report.gave_up_at = inside[0] if inside else None
+    return report
+
+
+def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_kwargs, env,
+         budget, private) -> ExecutionReport:
+    def replayable(cell: NotebookNode) -> bool:
+        role = guard.guard_role(cell)
+        if role is not None:
+            return role in ("init", "locked")
+        return is_replayable(cell)
+
     outcomes = [Outcome.NOT_RUN] * len(nb.cells)
     report = ExecutionReport(outcomes)
     replay: list[int] = []
     index = 0
+    start = time.monotonic()
+    deadline = start + budget if budget else math.inf
+
+    def limit(cell_limit: float = timeout) -> int:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _BudgetSpent()
+        return max(1, min(cell_limit, math.ceil(left)))
+
+    def run_cell(client, cell, i):
+        # The grader's own cells (importing torch, taking the snapshot) get their own limit,
+        # not the student's per-cell one, which a test may set to a few seconds.
+        client.timeout = limit(max(timeout, GUARD_TIMEOUT_S) if guard.guard_role(cell) else timeout)
+        client.evidence[i] = set()
+        client.replies.pop(i, None)
+        client.execute_cell(cell, i, store_history=guard.keeps_history(cell))
+        return client.replies.get(i), client.evidence.get(i, set())
+
+    dropped = 0
     while index < len(nb.cells):
         client = CappedClient(
             nb,
@@ -129,25 +300,27 @@ def execute_resilient(
             interrupt_on_timeout=False,
             shutdown_kernel="immediate",
             resources={"metadata": {"path": str(cwd)}},
+            runtime_dir=private,
             **(client_kwargs or {}),
         )
         replaying: int | None = None
         started = False
         try:
-            with client.setup_kernel(env=dict(os.environ if env is None else env), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL):
+            limit()
+            with client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
                 started = True
                 for i in list(replay):
                     replaying = i
                     # Replay into a copy: the cell keeps the outputs of its first run.
-                    client.execute_cell(copy.deepcopy(nb.cells[i]), i)
+                    run_cell(client, copy.deepcopy(nb.cells[i]), i)
                 replaying = None
                 while index < len(nb.cells):
                     cell = nb.cells[index]
                     if cell.cell_type == "code" and cell.source.strip():
-                        client.execute_cell(cell, index)
-                        if _has_error(cell):
+                        reply, evidence = run_cell(client, cell, index)
+                        if _failed(cell, reply, evidence):
                             outcomes[index] = Outcome.ERROR
+                            _reply_error(cell, reply, evidence)
                             if _ran_out_of_memory(cell):
                                 # What the cell allocated may still be held: later cells
                                 # would fail for want of memory. Start afresh without it.
@@ -155,22 +328,32 @@ def execute_resilient(
                                 raise _RestartKernel()
                         else:
                             outcomes[index] = Outcome.OK
-                            if is_replayable(cell):
+                            if replayable(cell):
                                 replay.append(index)
                     elif cell.cell_type == "code":
                         outcomes[index] = Outcome.OK
                     index += 1
+        except _BudgetSpent:
+            report.budget_exceeded_at = index
+            report.notes.append(f"cell {index}: the notebook's time budget ran out")
+            dropped += client.dropped
+            break
         except _RestartKernel:
             report.restarts += 1
             report.notes.append(f"cell {index - 1}: out of memory, kernel restarted")
             if report.restarts > max_restarts:
                 report.gave_up_at = index if index < len(nb.cells) else None
+                dropped += client.dropped
                 break
         except (DeadKernelError, CellTimeoutError, RuntimeError) as exc:
             # RuntimeError: nbclient's "Kernel died before replying to kernel_info".
             if not started:
+                if time.monotonic() >= deadline:
+                    report.budget_exceeded_at = index
+                    break
                 raise KernelStartError(f"the kernel did not start: {exc}") from exc
             report.restarts += 1
+            budget_cut = isinstance(exc, CellTimeoutError) and time.monotonic() >= deadline - 0.5
             if replaying is not None:
                 # A cell that ran cleanly once broke on replay: stop replaying it.
                 replay.remove(replaying)
@@ -180,11 +363,17 @@ def execute_resilient(
                 # Keep what the cell printed; drop the kernel's own traceback of the interrupt.
                 cell.outputs = [o for o in cell.outputs
                                 if o.output_type == "stream" and o.get("name") == "stdout"]
-                if isinstance(exc, CellTimeoutError):
+                if budget_cut:
+                    outcomes[index] = Outcome.TIMEOUT
+                    cell.outputs.append(error_output(
+                        BUDGET_ENAME,
+                        f"the notebook's time budget ({budget:g} s for all its cells) ran out while "
+                        "this cell ran; it and every later cell were stopped"))
+                elif isinstance(exc, CellTimeoutError):
                     outcomes[index] = Outcome.TIMEOUT
                     cell.outputs.append(error_output(
                         "CellTimeoutError",
-                        f"this cell ran longer than the {timeout} s limit and was stopped "
+                        f"this cell ran longer than the {client.timeout} s limit and was stopped "
                         "(an endless loop?)"))
                 else:
                     outcomes[index] = Outcome.CRASHED
@@ -194,13 +383,26 @@ def execute_resilient(
                         "or running out of memory)"))
                 report.notes.append(f"cell {index}: {outcomes[index].value}")
                 index += 1
+            dropped += client.dropped
+            if budget_cut:
+                report.budget_exceeded_at = index - 1 if replaying is None else index
+                break
             if report.restarts > max_restarts:
                 report.gave_up_at = index if index < len(nb.cells) else None
                 break
+        else:
+            dropped += client.dropped
+    report.dropped_output_bytes = dropped
+    report.seconds = time.monotonic() - start
     # Cells that never ran say so, so no grader can mistake "no output" for "passed".
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and outcomes[i] is Outcome.NOT_RUN and cell.source.strip():
-            cell.outputs = [error_output(
-                "NotExecuted",
-                "this cell never ran: the kernel crashed or hung too often before it")]
+            if report.budget_exceeded_at is not None:
+                cell.outputs = [error_output(
+                    BUDGET_ENAME, f"this cell never ran: the notebook's time budget ({budget:g} s) "
+                                  "ran out before it")]
+            else:
+                cell.outputs = [error_output(
+                    "NotExecuted",
+                    "this cell never ran: the kernel crashed or hung too often before it")]
     return report

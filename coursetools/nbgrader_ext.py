@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import os
+import re
 import shutil
 import tempfile
 from typing import Tuple
@@ -10,11 +12,12 @@ from typing import Tuple
 from nbconvert.exporters.exporter import ResourcesDict
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbformat import v4
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Bool, Integer, List, Unicode
 
-from . import guard, notebooks
-from .execute import execute_resilient
+from . import execute, guard, notebooks
+from .execute import BUDGET_ENAME, CELL_TIMEOUT_S, SUBMISSION_BUDGET_S, Outcome, execute_resilient
 from .notebooks import RAISES_TAG
 from .sandbox import SandboxConfig, bwrap_works, kernel_manager_for, resolve_mode, sandbox_env
 
@@ -39,29 +42,90 @@ class TagStubCells(NbGraderPreprocessor):
         return cell, resources
 
 
+_GRADER_FRAME = re.compile(r"<grader test (?P<gid>[^>]*)>:(?P<line>\d+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Exception names shown in feedback as they are; any other name (a student's class name can
+# carry any text) is shown as "Error".
+_SAFE_ENAMES = {name for name, value in vars(builtins).items()
+                if isinstance(value, type) and issubclass(value, BaseException)} | {
+    guard.TAMPER_ENAME, BUDGET_ENAME, "CellTimeoutError", "DeadKernelError", "NotExecuted",
+    "StderrWritten", "HiddenError"}
+_GRADER_ENAMES = {guard.TAMPER_ENAME, BUDGET_ENAME, "CellTimeoutError", "DeadKernelError", "NotExecuted"}
+
+
+def _hidden_line_numbers(source: str) -> set[int]:
+    hidden, inside = set(), False
+    for number, line in enumerate(source.split("\n"), start=1):
+        text = line.strip()
+        if text == notebooks.BEGIN_HIDDEN:
+            inside = True
+        elif text == notebooks.END_HIDDEN:
+            inside = False
+        if inside or text == notebooks.END_HIDDEN:
+            hidden.add(number)
+    return hidden
+
+
+def _failing_line(error: NotebookNode) -> int | None:
+    """The line of the test cell that raised: the innermost frame in the compiled test."""
+    found = None
+    for frame in error.get("traceback", []):
+        for match in _GRADER_FRAME.finditer(_ANSI.sub("", frame)):
+            found = int(match.group("line"))
+    return found
+
+
+def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str | None) -> list[NotebookNode]:
+    """What feedback shows for a test cell: the grader's verdict, never the outputs the
+    test produced (hidden tests ran there: anything they printed or drew stays out)."""
+    points = notebooks.points(cell)
+    if outcome is Outcome.OK and not tampering:
+        return [v4.new_output("stream", name="stdout", text=f"passed: {points:g}/{points:g} points\n")]
+    if tampering:
+        return [guard.tamper_output(tampering[:1000])]
+    errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+    first = errors[0] if errors else None
+    if first is not None and first.get("ename") in _GRADER_ENAMES:
+        return [execute.error_output(first.ename, first.get("evalue", "")[:1000])]
+    if first is None:
+        return [execute.error_output("StderrWritten", "the test wrote to stderr (a warning?), which scores 0")]
+    ename = first.get("ename") if first.get("ename") in _SAFE_ENAMES else "Error"
+    line = _failing_line(first)
+    if line is None or line in _hidden_line_numbers(cell.source):
+        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)")]
+    message = _ANSI.sub("", first.get("evalue", ""))[:1000]
+    return [execute.error_output(ename, f"{message} (test line {line})")]
+
+
 class ResilientExecute(NbGraderPreprocessor):
     """nbgrader's Execute step, made to survive a real class (replaces `Execute`).
 
-    * each cell has a time limit; a cell that hangs or kills the kernel costs that cell
-      (and what depends on it): the kernel is restarted, earlier cells replayed, and
-      grading goes on (coursetools.execute). A cell that never ran gets an error, so
-      nbgrader cannot score it as passed;
+    * each cell has a time limit, and the whole notebook a time budget; a cell that hangs
+      or kills the kernel costs that cell (and what depends on it): the kernel is
+      restarted, earlier cells replayed, and grading goes on (coursetools.execute). A cell
+      that never ran gets an error, so nbgrader cannot score it as passed;
+    * a test cell's result comes from the kernel protocol (reply status, error and stderr
+      messages), with tamper checks before and after it (coursetools.guard); its outputs
+      are then replaced by the grader's verdict (passed / the visible assertion message /
+      "a hidden test failed"), which is what nbgrader scores and feedback shows;
     * the kernel runs in the sandbox (coursetools.sandbox): no access to the course folder
       (gradebook, solutions, other submissions), no network, limited memory and CPU, in a
       scratch folder deleted afterwards;
-    * tamper checks before every test cell (coursetools.guard), and hidden-test source
-      removed from every output before the notebook is saved or turned into feedback;
-    * a cell's output is capped (a submission printing gigabytes cannot exhaust the grader).
+    * test cells reach the kernel compiled (hidden tests never as text), and any output
+      line still holding hidden-test source is removed;
+    * output is capped per cell and per notebook (display updates included).
     """
 
-    timeout = Integer(120, help="Seconds a cell may run before it is stopped").tag(config=True)
+    timeout = Integer(CELL_TIMEOUT_S, help="Seconds a cell may run before it is stopped").tag(config=True)
+    budget = Integer(SUBMISSION_BUDGET_S, help="Seconds a whole submission may run").tag(config=True)
     max_restarts = Integer(6, help="Kernel restarts allowed per notebook (crashes, hangs)").tag(config=True)
     sandbox = Unicode("auto", help="'bwrap', 'off', or 'auto' (bwrap where it works)").tag(config=True)
     memory_mb = Integer(4096, help="Memory (data segment) limit of the kernel, MiB").tag(config=True)
     cpu_seconds = Integer(1800, help="CPU-time limit per kernel process, seconds").tag(config=True)
     hide = List(Unicode(), help="Extra folders the sandboxed kernel must not see").tag(config=True)
     max_output_bytes = Integer(2_000_000, help="Output kept per cell, bytes").tag(config=True)
-    tamper_checks = Bool(True, help="Check torch and the locked helpers before each test").tag(config=True)
+    max_total_output_bytes = Integer(20_000_000, help="Output kept per notebook, bytes").tag(config=True)
+    tamper_checks = Bool(True, help="Tamper checks around each test cell, tests sent compiled").tag(config=True)
     kernel_name = Unicode("python3").tag(config=True)
 
     def sandbox_config(self, resources: ResourcesDict) -> SandboxConfig:
@@ -77,8 +141,6 @@ class ResilientExecute(NbGraderPreprocessor):
 
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> Tuple[NotebookNode, ResourcesDict]:
         config = self.sandbox_config(resources)
-        inst = guard.instrument(nb) if self.tamper_checks else None
-        run_nb = inst.nb if inst else nb
         here = (resources.get("metadata") or {}).get("path") or "."
         scratch = tempfile.mkdtemp(prefix="grading-")
         try:
@@ -88,22 +150,71 @@ class ResilientExecute(NbGraderPreprocessor):
                     shutil.copy(src, scratch)
             kernel_env = sandbox_env(config) if config.mode != "off" else None
             report = execute_resilient(
-                run_nb, cwd=scratch, timeout=self.timeout, kernel_name=self.kernel_name,
-                max_restarts=self.max_restarts, env=kernel_env,
+                nb, cwd=scratch, timeout=self.timeout, kernel_name=self.kernel_name,
+                max_restarts=self.max_restarts, env=kernel_env, guarded=self.tamper_checks,
+                budget=self.budget,
                 is_replayable=lambda c: not notebooks.is_test_cell(c),
                 client_kwargs={"kernel_manager_class": kernel_manager_for(config, scratch),
-                               "max_output_bytes": self.max_output_bytes},
+                               "max_output_bytes": self.max_output_bytes,
+                               "max_total_output_bytes": self.max_total_output_bytes},
             )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        tampering = guard.collect_outputs(nb, inst) if inst else []
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and notebooks.is_test_cell(cell):
+                cell.outputs = grader_written_outputs(cell, report.outcomes[i], report.tampering.get(i))
         redacted = guard.redact(nb, guard.hidden_lines(nb))
+        key = resources.get("unique_key", "notebook")
         for note in report.notes:
-            self.log.warning("%s: %s", resources.get("unique_key", "notebook"), note)
-        for message in tampering:
-            self.log.warning("TAMPERING %s", message)
+            self.log.warning("%s: %s", key, note)
+        for message in report.tampering.values():
+            self.log.warning("TAMPERING %s: %s", key, message)
+        self.log.info("%s: executed in %.1f s (budget %d s)", key, report.seconds, self.budget)
         resources["resilient_execute"] = {
             "sandbox": config.mode, "restarts": report.restarts, "notes": report.notes,
-            "tampering": tampering, "redacted_outputs": redacted,
+            "tampering": list(report.tampering.values()), "redacted_outputs": redacted,
+            "budget_exceeded": report.budget_exceeded_at is not None,
+            "seconds": report.seconds, "dropped_output_bytes": report.dropped_output_bytes,
         }
         return nb, resources
+
+
+class ClearHiddenTestsSafely(ClearHiddenTests):
+    """nbgrader's ClearHiddenTests for feedback, minus its failure mode: a student cell
+    whose text contains the hidden-test markers (a comment will do) made it raise, and that
+    student got no feedback at all. Here only test cells are cleared; other cells are the
+    student's own text and stay as they are."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if not utils.is_grade(cell) or utils.is_solution(cell):
+            return cell, resources
+        return super().preprocess_cell(cell, resources, cell_index)
+
+
+# Output kinds that feedback shows. Everything else (JavaScript, widgets, SVG, which can
+# carry script, PDFs, vendor formats) is replaced by a note; HTML and Markdown go through
+# nbconvert's sanitizer (HTMLExporter.sanitize_html, nbgrader_config.py).
+SAFE_MIME = ("text/plain", "text/html", "text/markdown", "text/latex", "image/png", "image/jpeg",
+             "image/gif")
+
+
+class SafeOutputs(NbGraderPreprocessor):
+    """Feedback HTML that runs nothing: drop every output kind outside SAFE_MIME."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if cell.cell_type != "code":
+            cell.pop("attachments", None)
+            return cell, resources
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.output_type in ("display_data", "execute_result"):
+                data = out.get("data", {})
+                dropped = sorted(m for m in data if m not in SAFE_MIME)
+                for mime in dropped:
+                    del data[mime]
+                if dropped and not data:
+                    data["text/plain"] = f"[{', '.join(dropped)} output not shown in feedback]"
+                out.get("metadata", {}).clear()
+            kept.append(out)
+        cell.outputs = kept
+        return cell, resources
