@@ -54,6 +54,8 @@ import sys
 import tempfile
 import time
 import uuid
+import weakref
+import atexit
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,11 +232,13 @@ class Cgroup:
 
     @classmethod
     def create(cls, kind: str, memory_bytes: int, pids: int) -> "Cgroup":
+        _reap(attempts=1)
         name = f"course-sandbox-{uuid.uuid4().hex[:12]}"
         if kind == "v2":
             path = os.path.join(_v2_parent(), name)
             os.mkdir(path)
             group = cls(kind, [path], [f"{path}/cgroup.procs"])
+            _live.add(group)
             try:
                 _write(f"{path}/memory.max", memory_bytes)
                 if os.path.exists(f"{path}/memory.swap.max"):
@@ -247,6 +251,7 @@ class Cgroup:
         parents = _v1_parents()
         mem, pid = os.path.join(parents["memory"], name), os.path.join(parents["pids"], name)
         group = cls(kind, [], [])
+        _live.add(group)
         try:
             for path in (mem, pid):
                 os.mkdir(path)
@@ -262,7 +267,8 @@ class Cgroup:
         return group
 
     def remove(self, attempts: int = 50) -> bool:
-        """Kill what is left in the group and remove it (bounded retries)."""
+        """Kill what is left in the group and remove it (bounded retries); a group whose
+        processes are still dying is retried later (next kernel, and at exit)."""
         for path in reversed(self.dirs):
             for _ in range(attempts):
                 try:
@@ -279,7 +285,24 @@ class Cgroup:
                         except OSError:
                             pass
                     time.sleep(0.02)
-        return not any(os.path.exists(p) for p in self.dirs)
+        gone = not any(os.path.exists(p) for p in self.dirs)
+        if gone:
+            _live.discard(self)
+        return gone
+
+
+_live: set[Cgroup] = set()  # every group this process made and has not removed yet
+
+
+def _reap(attempts: int) -> None:
+    """Remove the groups of kernels that are gone (a manager not cleaned up, processes
+    that were still dying): at each new group, and at exit."""
+    for group in list(_live):
+        if attempts > 1 or not _read_pids(group.procs[0]):
+            group.remove(attempts)
+
+
+atexit.register(_reap, 50)
 
 
 def _write(path: str, value) -> None:
@@ -487,7 +510,7 @@ def describe(config: SandboxConfig) -> str:
     if nproc:
         scope = "per sandbox" if recipe == "userns" else "shared by every nobody process"
         memory += f"; RLIMIT_NPROC {nproc} ({scope})"
-    runtime = "1 MiB tmpfs" if is_root() else "plain folder"
+    runtime = "1 MiB tmpfs" if can_mount_tmpfs() else "plain folder (its files are not capped in number)"
     return (f"sandbox {bwrap_version()}: kernel as {who}; read-only /, course/home/tmp hidden; "
             f"network none; {memory}; {limits}; /tmp, /dev/shm and the working folder are "
             f"tmpfs capped at {config.tmpfs_mb} MiB each; connection folder: {runtime}")
@@ -505,6 +528,22 @@ def _mount_tmpfs(path: str, options: str) -> bool:
 
 def _umount(path: str) -> None:
     _libc.umount2(path.encode(), MNT_DETACH)
+
+
+@functools.cache
+def can_mount_tmpfs() -> bool:
+    """Whether the grader can lay a tmpfs over the kernel's connection folder (root, with
+    CAP_SYS_ADMIN: not in most containers)."""
+    if not is_root():
+        return False
+    folder = tempfile.mkdtemp(prefix="course-sandbox-probe-")
+    try:
+        if not _mount_tmpfs(folder, RUNTIME_TMPFS):
+            return False
+        _umount(folder)
+        return True
+    finally:
+        os.rmdir(folder)
 
 
 _described: set[str] = set()
@@ -531,6 +570,8 @@ class SandboxedKernelManager(AsyncKernelManager):
             self._mounted = _mount_tmpfs(self._runtime, f"{RUNTIME_TMPFS},uid={NOBODY},gid={NOBODY}")
             if not self._mounted:
                 os.chown(self._runtime, NOBODY, NOBODY)
+        # Released when the manager is cleaned up, dropped, or at exit, whichever is first.
+        self._release = weakref.finalize(self, _release_runtime, self._runtime, self._mounted)
         self.transport = "ipc"
         self.connection_file = os.path.join(self._runtime, "kernel.json")
         self.ip = os.path.join(self._runtime, "ipc")
@@ -568,10 +609,13 @@ class SandboxedKernelManager(AsyncKernelManager):
         await super()._async_cleanup_resources(restart=restart)
         self._drop_cgroup()
         if not restart:
-            if self._mounted:
-                _umount(self._runtime)
-                self._mounted = False
-            shutil.rmtree(self._runtime, ignore_errors=True)
+            self._release()
+
+
+def _release_runtime(path: str, mounted: bool) -> None:
+    if mounted:
+        _umount(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _readable_by_all(folder: str) -> None:
