@@ -34,11 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import layout, notebooks, sandbox
+from .execute import BUDGET_ENAME
 from .guard import TAMPER_ENAME
 from .nbgrader_course import nbgrader_env
 
 FLAG_ENAMES = {
     TAMPER_ENAME: "tampering",
+    BUDGET_ENAME: "time budget spent",
     "DeadKernelError": "kernel crash",
     "CellTimeoutError": "timeout",
     "NotExecuted": "cells never ran",
@@ -203,6 +205,9 @@ class Classroom:
                                 seen.add((label, gid))
                                 result.flags.append(f"{label} in {gid}")
                 result.flags.extend(self._cell_changes(student, assignment))
+                feedback = self.course / "feedback" / student / assignment / f"{assignment}.html"
+                if (self.course / "feedback").is_dir() and not feedback.exists():
+                    result.flags.append("NO FEEDBACK: nbgrader wrote none for this submission (see grading.log)")
                 out.append(result)
         return out
 
@@ -268,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="allow grading as root without the sandbox (refused otherwise: "
                              "a submission would run with root's privileges)")
     parser.add_argument("--timeout", type=int, default=None, help="seconds per cell (default: config's)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="seconds per submission, all cells together (default: config's)")
+    parser.add_argument("--no-tamper-checks", action="store_true",
+                        help="for measurements only (benchmarks/grading_throughput.py): grade without "
+                             "the tamper checks; a forged score then goes through")
     parser.add_argument("--memory-mb", type=int, default=None, help="kernel memory limit, MiB (default: config's)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
     args = parser.parse_args(argv)
@@ -277,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(f"--ResilientExecute.sandbox={args.sandbox}")
     if args.timeout:
         extra.append(f"--ResilientExecute.timeout={args.timeout}")
+    if args.budget:
+        extra.append(f"--ResilientExecute.budget={args.budget}")
+    if args.no_tamper_checks:
+        extra.append("--ResilientExecute.tamper_checks=False")
     if args.memory_mb:
         extra.append(f"--ResilientExecute.memory_mb={args.memory_mb}")
     room = Classroom(args.course, db_url=args.db_url, extra=extra)

@@ -1,27 +1,38 @@
-"""Grading integrity inside the notebook: tamper checks, and feedback that hides hidden tests.
+"""Grading integrity inside the notebook: tamper checks, compiled tests, hidden tests kept out.
 
 **Tamper checks.** Before grading, the notebook is instrumented in memory (never on disk):
 
-* a first cell records, out of the students' reach (in a closure), every public callable of
-  `builtins`, `torch`, `torch.Tensor`, `torch.nn.Module`, `torch.nn.functional`,
-  `torch.testing`, `torch.cuda`, `torch.backends.mps` and `torch.accelerator`;
+* a first cell (kept out of the kernel's history and `linecache`) records, out of the
+  students' reach (in a closure): every public callable of `builtins`, `torch`,
+  `torch.nn.functional`, `torch.testing`, `torch.cuda`, ... with its `__code__`; every
+  attribute of `torch.Tensor` and `torch.nn.Module`; IPython's and ipykernel's machinery
+  (custom exception handler, events, input and AST transformers, display hook and
+  publisher, traceback display, compiler, `sys.stdout/stderr`, trace and profile hooks,
+  and every attribute of the classes behind them). It installs an audit hook, which cannot
+  be removed, that notes `__code__` swaps, attributes set on torch/IPython classes, trace
+  hooks and garbage-collector searches made by student code, and blocks further audit hooks;
 * around every locked cell (setup, grading helpers) it records the names that cell defines,
   and for helper classes and functions their attributes and code;
-* before every test cell it checks that none of these changed. A change — a
-  monkeypatched `torch.Tensor.to`, a redefined test helper, a replaced `isinstance` — fails
-  that test cell with a `TamperingDetected` error naming what changed; the grading summary
-  flags the submission for manual review.
+* before and after every test cell it checks that none of this changed, and that no student
+  class fakes a value's type or comparisons (`__class__`, `__eq__`, ... on a subclass of
+  `str`, `torch.Tensor`, ...). A change fails that test cell with a `TamperingDetected`
+  error naming it; the grading summary flags the submission for manual review.
+* each check answers with an HMAC of a fresh nonce under a key drawn for this run: a check
+  that was replaced (through `sys.modules`), disarmed or silenced fails as well.
 
-Test cells may patch things themselves (`unittest.mock`): the check runs between cells,
-after such patches are undone. The checker lives under a random module name in
-`sys.modules` for each run; code written to hunt for it could defeat it — this is a
-tripwire for the usual tricks, not a wall (the sandbox is the wall).
+Test cells may patch things themselves (`unittest.mock`): the checks run between cells,
+after such patches are undone.
 
-**Redaction.** Hidden tests are executed, so their source can reach outputs: in a
-traceback's frames, or printed by code that digs through the kernel's history. Every
-output line containing a line of hidden-test source is replaced, and traceback frames that
-show hidden lines are dropped, before the notebook is saved or turned into feedback.
+**Compiled tests.** A test cell reaches the kernel as a code object compiled here, with only
+its visible lines in `linecache` (for tracebacks): the hidden tests never arrive as text, so
+no history, `linecache` or traceback spy can print them. Their bytecode is still in the
+process while they run; see README ("what a determined student can still do").
+
+**Redaction.** As a second layer, every output line containing a line of hidden-test
+source is replaced, and traceback frames that show hidden lines are dropped, before the
+notebook is saved or turned into feedback.
 """
+
 
 from __future__ import annotations
 

@@ -198,12 +198,31 @@ SAFE_MIME = ("text/plain", "text/html", "text/markdown", "text/latex", "image/pn
              "image/gif")
 
 
+_SAFE_TAGS = ["a", "abbr", "b", "blockquote", "br", "code", "del", "details", "div", "em", "h1", "h2",
+              "h3", "h4", "h5", "h6", "hr", "i", "img", "li", "ol", "p", "pre", "span", "strong", "sub",
+              "summary", "sup", "table", "tbody", "td", "th", "thead", "tr", "ul"]
+_SAFE_ATTRIBUTES = {"*": ["class", "id", "title"], "a": ["href"], "img": ["src", "alt"]}
+
+
+def sanitize_markdown(source: str) -> str:
+    """Markdown rendered to HTML with only harmless tags, attributes and link protocols left
+    (nbgrader's feedback template renders Markdown cells without nbconvert's sanitizer)."""
+    import bleach
+    from nbconvert.filters import markdown2html
+
+    return bleach.clean(markdown2html(source), tags=_SAFE_TAGS, attributes=_SAFE_ATTRIBUTES,
+                        protocols=["http", "https", "mailto"])
+
+
 class SafeOutputs(NbGraderPreprocessor):
-    """Feedback HTML that runs nothing: drop every output kind outside SAFE_MIME."""
+    """Feedback HTML that runs nothing: drop every output kind outside SAFE_MIME, and render
+    Markdown cells (a student can edit any that is not locked) to sanitized HTML."""
 
     def preprocess_cell(self, cell, resources, cell_index):
         if cell.cell_type != "code":
             cell.pop("attachments", None)
+            if cell.cell_type == "markdown":
+                cell.source = sanitize_markdown(cell.source)
             return cell, resources
         kept = []
         for out in cell.get("outputs", []):

@@ -27,6 +27,7 @@ TOKEN = uuid.uuid4().hex[:8]
 OUTSIDE = f"/var/tmp/escaped-{TOKEN}"  # files a submission tries to create outside its folder
 OUTSIDE_TMP = f"/tmp/escaped-{TOKEN}"  # (the sandbox's /tmp is private and thrown away)
 SANDBOXED = sandbox.bwrap_works()[0]
+HUGE_UPDATE = 50 * 2**20  # bytes of one display update (issue 13 measured 200 MiB kept whole)
 needs_sandbox = pytest.mark.skipif(not SANDBOXED, reason=f"no working bubblewrap: {sandbox.bwrap_works()[1]}")
 
 
@@ -144,6 +145,97 @@ for name, entry in list(linecache.cache.items()):
     cases["reads-solutions"] = (_add_cell(solved(), spy), [], [])
     cases["zip-alice"] = (solved(), [], [])
     cases["zip-bob"] = (_release(A1), ids, [])
+    # -- forged scores (issue 13): each hook below made blank answers score full marks when
+    # nbgrader trusted the kernel's outputs. Blank answers: the honest score is 0, and each
+    # must be flagged for review.
+    blank_with = lambda source: _add_cell(_release(A1), source, after="setup")  # noqa: E731
+    forgeries = {
+        "forge-custom-exc": "get_ipython().set_custom_exc((BaseException,), lambda *args, **kwargs: None)",
+        "forge-events": (
+            "from IPython.display import clear_output\n"
+            "def _hide(result):\n"
+            "    clear_output()\n"
+            "    result.error_in_exec = None  # the reply's status would say 'ok'\n"
+            "    get_ipython().display_pub.publish({'text/plain': \"'all good'\"})\n"
+            "get_ipython().events.register('post_run_cell', _hide)"),
+        "forge-ast": (
+            "import ast\n"
+            "class _Swallow(ast.NodeTransformer):\n"
+            "    def visit_Module(self, node):\n"
+            "        handler = ast.ExceptHandler(type=None, name=None, body=[ast.Pass()])\n"
+            "        node.body = [ast.Try(body=node.body or [ast.Pass()], handlers=[handler], orelse=[], finalbody=[])]\n"
+            "        return ast.fix_missing_locations(node)\n"
+            "get_ipython().ast_transformers.append(_Swallow())"),
+        "forge-input-transformer": (
+            "def _wrap(lines):\n"
+            "    return ['try:\\n'] + ['    ' + line for line in lines] + ['\\n', 'except BaseException:\\n', '    pass\\n']\n"
+            "get_ipython().input_transformers_cleanup.append(_wrap)"),
+        "forge-traceback": "get_ipython()._showtraceback = lambda *args, **kwargs: None",
+        "forge-compile": (
+            "import ast, builtins\n"
+            "_compile = builtins.compile\n"
+            "class _NoAsserts(ast.NodeTransformer):\n"
+            "    def visit_Assert(self, node):\n"
+            "        return ast.Pass()\n"
+            "def compile(source, *args, **kwargs):\n"
+            "    if isinstance(source, ast.AST):\n"
+            "        source = ast.fix_missing_locations(_NoAsserts().visit(source))\n"
+            "    return _compile(source, *args, **kwargs)\n"
+            "builtins.compile = compile"),
+        "forge-torch-code": "torch.manual_seed.__code__ = (lambda *args, **kwargs: None).__code__",
+        "forge-tensor-property": "torch.Tensor.is_cpu = property(lambda self: True)",
+        "forge-guard-disarmed": (
+            "import sys, types\n"
+            "_dummy = types.SimpleNamespace(verify=lambda *a: None, before_locked=lambda g: None,\n"
+            "                               after_locked=lambda g: None)\n"
+            "for _name in [n for n in sys.modules if n.startswith('_grader_guard')]:\n"
+            "    sys.modules[_name] = _dummy\n"
+            "torch.get_rng_state = lambda: None"),
+    }
+    for student, source in forgeries.items():
+        cases[student] = (blank_with(source), ids, ["tampering in test_pick_device_auto"])
+    fake_device = (
+        "class _Device(str):\n"
+        "    __class__ = property(lambda self: torch.device)  # isinstance(x, torch.device) is True\n"
+        "    type = 'cpu'\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "    __hash__ = str.__hash__\n"
+        "def pick_device(name=None):\n"
+        "    return _Device('cpu')\n")
+    cases["forge-str-device"] = (solved(pick_device=fake_device), ids, ["tampering in test_pick_device_auto"])
+    # -- hidden tests must not reach feedback, in any encoding; nbgrader's markers in a
+    # student cell must not cost that student the feedback; feedback HTML runs nothing.
+    leak = '''
+import base64, linecache, sys
+from IPython.display import SVG, display
+found = [str(x) for x in In] + [str(x) for x in globals().get("_ih", [])]
+found += ["".join(entry[2]) for entry in list(linecache.cache.values()) if len(entry) > 2]
+for frame_info in sys._current_frames().values():
+    found.append(str(frame_info.f_code.co_consts))
+blob = "\\n".join(found)
+print(base64.b64encode(blob.encode()).decode())
+lines = "".join(f'<text x="0" y="{12 * i}">{line[:200]}</text>' for i, line in enumerate(blob.splitlines()[:2000]))
+display(SVG(f'<svg xmlns="http://www.w3.org/2000/svg">{lines}</svg>'))
+'''
+    cases["leak-base64-svg"] = (_add_cell(solved(), leak), [], [])
+    marked = solved(pick_device="# ### BEGIN HIDDEN TESTS (my notes)\n" + full["pick_device"])
+    cases["nbgrader-markers"] = (marked, [], [])
+    script = (
+        "from IPython.display import HTML, Javascript, Markdown, display\n"
+        "display(HTML('<script>document.title = \"pwned-html\"</script><img src=x onerror=\"alert(1)\">'))\n"
+        "display(Javascript('document.title = \"pwned-js\"'))\n"
+        "display(Markdown('<script>alert(\"pwned-md\")</script>'))\n")
+    scripted = _add_cell(solved(), script)
+    from nbformat import v4 as _v4
+    md = _v4.new_markdown_cell('My notes <script>alert("pwned-cell")</script><img src=x onerror="alert(2)">')
+    md.pop("id", None)
+    scripted.cells.append(md)
+    cases["live-script"] = (scripted, [], [])
+    flood = ("from IPython.display import display\n"
+             "handle = display('small', display_id=True)\n"
+             f"handle.update('x' * {HUGE_UPDATE})\n")
+    cases["huge-display-update"] = (_add_cell(solved(), flood), [], [])
     return cases
 
 
@@ -197,6 +289,7 @@ def graded_class(tmp_path_factory, request):
                 notebooks.write(nb, path)
             else:
                 course.submit(student, name, nb)
+    sources_before = _tree_digest(course.root / "solutions")
     bad = course.submission_path("invalid-json", A1)
     bad.parent.mkdir(parents=True)
     bad.write_text('{"cells": [ this is not JSON')
@@ -211,7 +304,14 @@ def graded_class(tmp_path_factory, request):
     print(proc.stderr[-4000:])
     assert results_json.exists(), f"grade-class failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
     results = {a: {r["student"]: r for r in rs} for a, rs in json.loads(results_json.read_text()).items()}
-    return {"course": course, "cases": cases, "results": results, "proc": proc}
+    return {"course": course, "cases": cases, "results": results, "proc": proc,
+            "sources_before": sources_before}
+
+
+def _tree_digest(folder):
+    import hashlib
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def _expected(name, loses):
@@ -221,7 +321,11 @@ def _expected(name, loses):
 
 STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "sys-exit",
                "huge-output", "memory-hog", "deleted-test", "edited-test", "torch-patch",
-               "helper-patch", "writes-gradebook", "reads-solutions", "zip-alice", "zip-bob"]
+               "helper-patch", "writes-gradebook", "reads-solutions", "zip-alice", "zip-bob",
+               "forge-custom-exc", "forge-events", "forge-ast", "forge-input-transformer",
+               "forge-traceback", "forge-compile", "forge-torch-code", "forge-tensor-property",
+               "forge-guard-disarmed", "forge-str-device", "leak-base64-svg", "nbgrader-markers",
+               "live-script", "huge-display-update"]
 STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash"]
 SANDBOX_ONLY = {"writes-gradebook", "reads-solutions"}
 
@@ -293,7 +397,82 @@ def test_feedback_and_outputs_never_show_hidden_tests(graded_class):
         assert not [h for h in hidden if json.dumps(h)[1:-1] in outputs], f"{student}'s outputs leak hidden tests"
     spy = course.autograded_notebook("reads-solutions", A1)
     printed = "".join(o.get("text", "") for c in spy.cells for o in c.get("outputs", []))
-    assert guard.REDACTED in printed, "the spy printed the kernel's history; hidden lines must be replaced"
+    assert "print(In)" in printed, "the spy printed the kernel's history (hidden tests never reach it as text)"
+
+
+def _feedback_files(course):
+    return sorted((course.root / "feedback").rglob("*.html"))
+
+
+def _decoded(text):
+    """The text, plus every base64 run in it decoded (a leak printed as base64 is still a leak)."""
+    import base64
+    import binascii
+    import html as html_lib
+    import urllib.parse
+    plain = html_lib.unescape(re.sub(r"<[^>]+>", " ", text))
+    parts = [text, plain, urllib.parse.unquote(text)]
+    for run in re.findall(r"[A-Za-z0-9+/]{40,}={0,2}", text):
+        try:
+            parts.append(base64.b64decode(run + "=" * (-len(run) % 4)).decode("utf-8", "replace"))
+        except (binascii.Error, ValueError):
+            pass
+    return "\n".join(parts)
+
+
+def test_no_feedback_file_shows_a_hidden_line_in_any_encoding(graded_class):
+    """Every student's feedback (the leaking student's first): no hidden-test line, in plain
+    text, HTML-escaped, URL-encoded or base64; no SVG drawing of them either."""
+    course = graded_class["course"]
+    files = _feedback_files(course)
+    assert any("leak-base64-svg" in str(f) for f in files), "the leaking student got no feedback"
+    for name in (A1, A2):
+        hidden = guard.hidden_lines(_source(name))
+        assert hidden
+        for path in files:
+            if path.parent.name != name:
+                continue
+            text = _decoded(path.read_text(encoding="utf-8"))
+            leaked = [h for h in hidden if h in text]
+            assert not leaked, f"{path} shows hidden test code: {leaked[:3]}"
+            assert '<text x="0"' not in path.read_text(encoding="utf-8"), f"{path}: a student's SVG drawing"
+
+
+def test_every_graded_submission_has_feedback(graded_class):
+    """nbgrader's ClearHiddenTests raised on a student cell holding its markers: that
+    student silently got no feedback. Now every graded submission has some."""
+    course = graded_class["course"]
+    for name, results in graded_class["results"].items():
+        for student, result in results.items():
+            if result["score"] is None:
+                continue
+            assert (course.root / "feedback" / student / name / f"{name}.html").exists(), (
+                f"no feedback for {student} ({name}); flags: {result['flags']}")
+            assert not any("NO FEEDBACK" in f for f in result["flags"]), result["flags"]
+
+
+def test_feedback_runs_no_student_script(graded_class):
+    course = graded_class["course"]
+    page = (course.root / "feedback" / "live-script" / A1 / f"{A1}.html").read_text(encoding="utf-8")
+    live = "".join(re.findall(r"<script[^>]*>(.*?)</script>", page, flags=re.S | re.I))
+    assert "pwned" not in live, "a student's script is live in the feedback"
+    assert not re.search(r"<[^>]*\s(onerror|onload)\s*=", page, flags=re.I), "a live event handler"
+    assert "pwned-js" not in page, "a JavaScript output reached the feedback"
+    assert "My notes" in page, "the student's own Markdown is still shown"
+
+
+def test_a_huge_display_update_is_capped(graded_class):
+    course = graded_class["course"]
+    graded = course.root / "autograded" / "huge-display-update" / A1 / f"{A1}.ipynb"
+    feedback = course.root / "feedback" / "huge-display-update" / A1 / f"{A1}.html"
+    assert graded.stat().st_size < 5_000_000, f"graded notebook {graded.stat().st_size:,} bytes"
+    assert feedback.stat().st_size < 5_000_000, f"feedback {feedback.stat().st_size:,} bytes"
+
+
+def test_hostile_submissions_changed_no_source(graded_class):
+    """solutions/ of the graded course (hidden tests included) is byte for byte as before."""
+    course = graded_class["course"]
+    assert _tree_digest(course.root / "solutions") == graded_class["sources_before"]
 
 
 def test_huge_output_is_truncated(graded_class):
