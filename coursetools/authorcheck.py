@@ -21,7 +21,7 @@ from pathlib import Path
 from nbformat import NotebookNode
 
 from . import fixtures, layout, notebooks, release, selfcheck
-from .execute import Outcome, execute_resilient
+from .execute import CELL_TIMEOUT_S, Outcome, execute_resilient
 
 
 def run_clean(path: Path) -> tuple[bool, float, list[str]]:
@@ -29,7 +29,7 @@ def run_clean(path: Path) -> tuple[bool, float, list[str]]:
     nb = notebooks.read(path)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        report = execute_resilient(nb, cwd=scratch, timeout=120, max_restarts=0)
+        report = execute_resilient(nb, cwd=scratch, timeout=CELL_TIMEOUT_S, max_restarts=0)
     seconds = time.perf_counter() - start
     problems = []
     for i, (cell, outcome) in enumerate(zip(nb.cells, report.outcomes)):
@@ -46,7 +46,7 @@ def grade(nb: NotebookNode, name: str) -> tuple[dict[str, float], list[selfcheck
     graded = selfcheck.rebuild(nb, source)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        report = execute_resilient(graded, cwd=scratch, timeout=120)
+        report = execute_resilient(graded, cwd=scratch, timeout=CELL_TIMEOUT_S)
     results = selfcheck.score_cells(graded, report.outcomes)
     return {r.grade_id: r.score for r in results}, results, time.perf_counter() - start
 

@@ -19,6 +19,7 @@ Exit status: 0 full marks, 1 points missing, 2 the input could not be graded.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import textwrap
@@ -29,7 +30,7 @@ from pathlib import Path
 from nbformat import NotebookNode, v4
 
 from . import lab, layout, notebooks
-from .execute import Outcome, execute_resilient
+from .execute import CELL_TIMEOUT_S, Outcome, execute_resilient
 from .notebooks import NotebookError
 
 
@@ -124,12 +125,42 @@ def _message(cell: NotebookNode, outcome: Outcome) -> str:
                 return "not answered yet: the answer cell still raises NotImplementedError"
             if out.ename == "NameError":
                 return f"NameError: {out.evalue} (did the answer cell run without an error?)"
+            if out.ename == "AssertionError":
+                return f"{out.ename}: {out.evalue}".strip()
+            where = _where(out)
+            if where:  # not a check that failed: the code under test raised while the test ran
+                return f"{out.ename}: {out.evalue}".strip() + f"  [raised by your code, {where}]"
             return f"{out.ename}: {out.evalue}".strip()
         if out.output_type == "stream" and out.get("name") == "stderr":
             first = out.text.strip().splitlines()[0] if out.text.strip() else ""
             return ("wrote to stderr, which scores 0 under nbgrader (a warning?): "
                     f"{first}")
     return ""
+
+
+def _where(error: NotebookNode) -> str:
+    """Where the error was raised: the traceback's last frame, plainly ("" when the error is
+    the grader's own, e.g. a time limit, and has no traceback)."""
+    frames = [_plain(line).strip().splitlines()[0] for line in error.get("traceback", [])
+              if re.match(r"\s*(Cell In\[|File )", _plain(line))]
+    return frames[-1] if frames else ""
+
+
+def _plain(text: str) -> str:
+    """Traceback text without the terminal colours IPython adds."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+MESSAGE_HEAD, MESSAGE_TAIL = 160, 560  # characters kept of a long message: its start and end
+
+
+def _shorten(message: str) -> str:
+    """One line of at most about 720 characters, keeping the end (an error's last line,
+    e.g. which rank raised what, is the part that matters) as well as the start."""
+    flat = " ".join(message.split())
+    if len(flat) <= MESSAGE_HEAD + MESSAGE_TAIL:
+        return flat
+    return f"{flat[:MESSAGE_HEAD].rstrip()} [...] {flat[-MESSAGE_TAIL:].lstrip()}"
 
 
 def score_cells(nb: NotebookNode, outcomes: list[Outcome]) -> list[QuestionResult]:
@@ -150,7 +181,7 @@ def score_cells(nb: NotebookNode, outcomes: list[Outcome]) -> list[QuestionResul
     return results
 
 
-def check(path: Path, *, timeout: int = 60, visible_only: bool = False,
+def check(path: Path, *, timeout: int = CELL_TIMEOUT_S, visible_only: bool = False,
           root: Path = layout.ROOT) -> tuple[str, list[QuestionResult]]:
     learner = notebooks.read(path)
     name = find_assignment(learner, path, root)
@@ -170,8 +201,7 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
         mark = "ok  " if r.score == r.max_score else "FAIL"
         lines.append(f"  {mark} {r.score:g}/{r.max_score:g}  {r.grade_id:<{width}}  {r.what}")
         if r.message:
-            wrapped = textwrap.shorten(r.message.replace("\n", " "), width=400)
-            lines.append(textwrap.indent(textwrap.fill(wrapped, width=96), " " * 12))
+            lines.append(textwrap.indent(textwrap.fill(_shorten(r.message), width=96), " " * 12))
     total = sum(r.score for r in results)
     possible = sum(r.max_score for r in results)
     lines += ["", f"Score: {total:g}/{possible:g}   ({seconds:.1f} s)"]
@@ -186,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Grade one exercise notebook you edited, with the course's own tests.",
     )
     parser.add_argument("notebook", type=Path, help="e.g. exercises/01_device_basics/01_device_basics.ipynb")
-    parser.add_argument("--timeout", type=int, default=60, help="seconds allowed per cell (default 60)")
+    parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S,
+                        help=f"seconds allowed per cell (default {CELL_TIMEOUT_S}, as grade-class)")
     parser.add_argument("--visible-only", action="store_true",
                         help="run only the tests you can see in the notebook (as in Colab)")
     args = parser.parse_args(argv)
