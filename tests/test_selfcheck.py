@@ -18,7 +18,9 @@ NAME = "01_device_basics"
 
 
 def run_check(path, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "coursetools.selfcheck", str(path), *args],
+    # --as-given: on a machine where `make.py lab` made copies in work/, the release path
+    # would otherwise grade that learner's copy
+    return subprocess.run([sys.executable, "-m", "coursetools.selfcheck", str(path), "--as-given", *args],
                           cwd=layout.ROOT, capture_output=True, text=True, timeout=timeout)
 
 
@@ -112,7 +114,7 @@ def test_an_endless_loop_costs_its_question_only(tmp_path):
     (lambda d: layout.COURSE_DIR / "01_device_basics.ipynb", "not an exercise notebook"),
 ], ids=["missing", "invalid-json", "not-a-notebook", "folder", "lesson"])
 def test_bad_input_gets_a_one_line_error_and_exit_2(tmp_path, make_input, expected, capsys):
-    assert selfcheck.main([str(make_input(tmp_path))]) == 2
+    assert selfcheck.main([str(make_input(tmp_path)), "--as-given"]) == 2
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
@@ -133,7 +135,7 @@ def test_foreign_nbgrader_notebook_is_rejected(tmp_path, capsys):
             c.metadata["nbgrader"]["grade_id"] = "other_" + c.metadata["nbgrader"]["grade_id"]
     path = tmp_path / "other.ipynb"
     path.write_text(json.dumps(nb))
-    assert selfcheck.main([str(path)]) == 2
+    assert selfcheck.main([str(path), "--as-given"]) == 2
     assert "none of any assignment" in capsys.readouterr().err
 
 
