@@ -226,7 +226,8 @@ def _make_guard(module_name, key, grader_files):
 
     def hook(event, args):
         if event == "sys.addaudithook":
-            noticed.append("an audit hook added (blocked)")
+            if student_frame():
+                noticed.append("an audit hook added (blocked)")
             raise _RuntimeError("the grader does not allow audit hooks")
         if event in ("object.__setattr__", "object.__delattr__"):
             obj, name = args[0], args[1]
