@@ -143,6 +143,85 @@ for name, entry in list(linecache.cache.items()):
     print(name, "".join(entry[2]))
 '''
     cases["reads-solutions"] = (_add_cell(solved(), spy), [], [])
+    # -- the sandbox, attacked as a root grader's kernel would be (issue 13): each must
+    # score its honest score (full marks: the answers are right) and change nothing.
+    escape = f"""
+import ctypes, errno, glob, json, sqlite3
+_libc = ctypes.CDLL(None, use_errno=True)
+def _call(name, *args):
+    return "ok" if getattr(_libc, name)(*args) == 0 else errno.errorcode[ctypes.get_errno()]
+_course = {str(course_root)!r}
+_escape = {{"remount / rw": _call("mount", None, b"/", None, 32, None),
+           "umount course": _call("umount2", _course.encode(), 2),
+           "umount /tmp": _call("umount2", b"/tmp", 2)}}
+_escape["solutions"] = len(glob.glob(_course + "/solutions/**/*.ipynb", recursive=True))
+try:
+    _db = sqlite3.connect(_course + "/gradebook.db")
+    _db.execute("UPDATE grade SET auto_score = 0, extra_credit = 50")
+    _db.commit()
+    _escape["sql"] = "ok"
+except Exception as _exc:
+    _escape["sql"] = type(_exc).__name__
+print("SANDBOX-ATTACK", json.dumps(_escape))
+"""
+    cases["escape-as-root"] = (_add_cell(solved(), escape, after="setup"), [], [])
+    # The bomb forks from a small Python (a kernel with torch loaded forks slowly); its
+    # processes count against the same per-kernel cap.
+    bomb = (
+        "import errno, json, os\n"
+        "r, w = os.pipe()\n"
+        "children, error = [], None\n"
+        "for _ in range(4096):  # bounded; the children wait on the pipe, so none exits early\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as exc:\n"
+        "        error = errno.errorcode[exc.errno]\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        os.close(w)\n"
+        "        os.read(r, 1)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "os.close(w)\n"
+        "for pid in children:\n"
+        "    os.waitpid(pid, 0)\n"
+        "print('SANDBOX-ATTACK', json.dumps({'forked': len(children), 'error': error}))\n")
+    fork_bomb = f"import subprocess, sys\nsubprocess.run([sys.executable, '-S', '-c', {bomb!r}], timeout=600)\n"
+    cases["fork-bomb"] = (_add_cell(solved(), fork_bomb, after="setup"), [], [])
+    # One cell per file system (each within the 20 s cell limit on a busy machine).
+    filled = _add_cell(solved(), """
+import errno, json, os
+_chunk = bytes(64 * 2**20)
+def _fill(where, path):  # two files of 768 MiB (each under the 1 GiB file-size cap):
+    written, error = 0, None  # past the 1 GiB tmpfs cap, bounded
+    try:
+        for part in range(2):
+            with open(f"{path}{part}", "wb") as f:
+                for _ in range(12):
+                    f.write(_chunk)
+                    f.flush()
+                    written += 64
+    except OSError as exc:
+        error = errno.errorcode[exc.errno]
+    finally:
+        for part in range(2):
+            if os.path.exists(f"{path}{part}"):
+                os.unlink(f"{path}{part}")
+    print("SANDBOX-ATTACK", json.dumps({where: [written, error]}))
+""", after="setup")
+    for where, path in [("/dev/shm", "/dev/shm/hog"), ("/tmp", "/tmp/hog"), ("working folder", "hog")]:
+        filled = _add_cell(filled, f"_fill({where!r}, {path!r})")
+    flags = []
+    if sandbox.cgroup_kind():  # shared memory that no rlimit counts: only the cgroup stops it
+        # memfds of 960 MiB (each under the 1 GiB file-size cap), 3 GiB in all; the cap is 2 GiB
+        filled = _add_cell(filled, (
+            "_fds = [os.memfd_create(f'hog{i}') for i in range(3)]\n"
+            "for _fd in _fds:\n"
+            "    for _ in range(15):\n"
+            "        os.write(_fd, _chunk)\n"
+            "print('SANDBOX-ATTACK', json.dumps({'memfd': 'not stopped'}))\n"))
+        flags = ["kernel crash in an added cell"]
+    cases["fills-memory"] = (filled, [], flags)
     cases["zip-alice"] = (solved(), [], [])
     cases["zip-bob"] = (_release(A1), ids, [])
     # -- forged scores (issue 13): each hook below made blank answers score full marks when
@@ -296,6 +375,8 @@ def graded_class(tmp_path_factory, request):
     results_json = root / "results.json"
     cmd = [sys.executable, "-m", "coursetools.classroom", A1, A2, "--course", str(root), "--zip",
            "--timeout", "20", "--memory-mb", "2048", "--json", str(results_json)]
+    if not SANDBOXED:  # as root, grade-class refuses to run kernels unsandboxed unless asked
+        cmd.append("--unsandboxed-as-root")
     proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
                           env=layout.env_with_course_tools())
     summary = ClassSummary()
@@ -322,12 +403,13 @@ def _expected(name, loses):
 STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "sys-exit",
                "huge-output", "memory-hog", "deleted-test", "edited-test", "torch-patch",
                "helper-patch", "writes-gradebook", "reads-solutions", "zip-alice", "zip-bob",
+               "escape-as-root", "fork-bomb", "fills-memory",
                "forge-custom-exc", "forge-events", "forge-ast", "forge-input-transformer",
                "forge-traceback", "forge-compile", "forge-torch-code", "forge-tensor-property",
                "forge-guard-disarmed", "forge-str-device", "leak-base64-svg", "nbgrader-markers",
                "live-script", "huge-display-update"]
 STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash"]
-SANDBOX_ONLY = {"writes-gradebook", "reads-solutions"}
+SANDBOX_ONLY = {"writes-gradebook", "reads-solutions", "escape-as-root", "fork-bomb", "fills-memory"}
 
 
 @pytest.mark.parametrize("name, student", [(A1, s) for s in STUDENTS_01] + [(A2, s) for s in STUDENTS_02])
@@ -377,6 +459,52 @@ def test_hostile_code_changed_nothing_outside_its_folder(graded_class):
     attempts = eval(next(line for line in printed.splitlines() if line.startswith("{'write gradebook'")))
     assert attempts["write gradebook"] != "done?" and attempts["overwrite another student"] != "done?", attempts
     assert attempts["write outside"] != "done?" and attempts["network"] == "OSError", attempts
+
+
+def _attack_report(graded_class, student):
+    nb = graded_class["course"].autograded_notebook(student, A1)
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    reports = [json.loads(line.split(" ", 1)[1]) for line in printed.splitlines()
+               if line.startswith("SANDBOX-ATTACK ")]
+    assert reports, f"{student}'s attack printed nothing: {printed[-2000:]}"
+    return {k: v for r in reports for k, v in r.items()}
+
+
+@needs_sandbox
+def test_sandbox_escape_as_root_fails(graded_class):
+    """The escape issue 13 found (remount / read-write, unmount the folder hiding the
+    course, read solutions/, rewrite the gradebook with SQL) fails at the first step."""
+    report = _attack_report(graded_class, "escape-as-root")
+    assert report["remount / rw"] == "EPERM" and report["umount course"] == "EPERM", report
+    assert report["umount /tmp"] == "EPERM", report
+    assert report["solutions"] == 0 and report["sql"] == "OperationalError", report
+
+
+@needs_sandbox
+def test_sandbox_process_cap_stops_a_fork_bomb(graded_class):
+    report = _attack_report(graded_class, "fork-bomb")
+    cap = sandbox.SandboxConfig().max_processes
+    assert report["error"] == "EAGAIN" and 0 < report["forked"] < cap, report
+
+
+@needs_sandbox
+def test_sandbox_tmpfs_and_memory_caps_hold(graded_class):
+    report = _attack_report(graded_class, "fills-memory")
+    cap = sandbox.SandboxConfig().tmpfs_mb
+    for where in ("/dev/shm", "/tmp", "working folder"):
+        written, error = report[where]
+        assert error == "ENOSPC" and written <= cap, (where, report)
+    assert "memfd" not in report, "3 GiB of shared memory past a 2 GiB cap"
+
+
+@needs_sandbox
+def test_attacks_left_the_gradebook_unchanged(graded_class):
+    """No grade in the gradebook carries extra credit (the escape's SQL gave itself some);
+    every student's own score is checked above, solutions/ by the test below."""
+    import sqlite3
+    db = sqlite3.connect(graded_class["course"].root / "gradebook.db")
+    extra = db.execute("SELECT COUNT(*) FROM grade WHERE extra_credit IS NOT NULL AND extra_credit != 0")
+    assert extra.fetchone()[0] == 0, "a submission gave itself extra credit"
 
 
 @needs_sandbox
