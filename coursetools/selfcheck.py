@@ -143,7 +143,8 @@ def _where(error: NotebookNode) -> str:
     the grader's own, e.g. a time limit, and has no traceback)."""
     frames = [_plain(line).strip().splitlines()[0] for line in error.get("traceback", [])
               if re.match(r"\s*(Cell In\[|File )", _plain(line))]
-    return frames[-1] if frames else ""
+    cells = [f for f in frames if f.startswith("Cell In[")]  # the notebook's own cells first
+    return (cells or frames or [""])[-1]
 
 
 def _plain(text: str) -> str:
