@@ -130,8 +130,13 @@ class Classroom:
         config = PyFileConfigLoader("nbgrader_config.py", path=str(self.course)).load_config()
         settings = config.ResilientExecute
         mode = sandbox.resolve_mode(mode or settings.get("sandbox", "auto"))
-        return sandbox.SandboxConfig(mode=mode, memory_mb=memory_mb or settings.get("memory_mb", 4096),
-                                     cpu_seconds=settings.get("cpu_seconds", 1800))
+        defaults = sandbox.SandboxConfig()
+        return sandbox.SandboxConfig(
+            mode=mode, memory_mb=memory_mb or settings.get("memory_mb", defaults.memory_mb),
+            cpu_seconds=settings.get("cpu_seconds", defaults.cpu_seconds),
+            max_processes=settings.get("max_processes", defaults.max_processes),
+            file_mb=settings.get("file_mb", defaults.file_mb),
+            tmpfs_mb=settings.get("tmpfs_mb", defaults.tmpfs_mb))
 
     def source_dir(self) -> Path:
         return self._course_dir("source_directory", "source")

@@ -122,6 +122,10 @@ class ResilientExecute(NbGraderPreprocessor):
     sandbox = Unicode("auto", help="'bwrap', 'off', or 'auto' (bwrap where it works)").tag(config=True)
     memory_mb = Integer(4096, help="Memory (data segment) limit of the kernel, MiB").tag(config=True)
     cpu_seconds = Integer(1800, help="CPU-time limit per kernel process, seconds").tag(config=True)
+    max_processes = Integer(SandboxConfig.max_processes, help="Processes and threads the sandboxed kernel may run").tag(config=True)
+    file_mb = Integer(SandboxConfig.file_mb, help="Largest file the sandboxed kernel may write, MiB").tag(config=True)
+    tmpfs_mb = Integer(SandboxConfig.tmpfs_mb, help="Size of each writable tmpfs in the sandbox (/tmp, /dev/shm, "
+                                  "the working folder), MiB").tag(config=True)
     hide = List(Unicode(), help="Extra folders the sandboxed kernel must not see").tag(config=True)
     max_output_bytes = Integer(2_000_000, help="Output kept per cell, bytes").tag(config=True)
     max_total_output_bytes = Integer(20_000_000, help="Output kept per notebook, bytes").tag(config=True)
@@ -137,7 +141,8 @@ class ResilientExecute(NbGraderPreprocessor):
         if db_url.startswith("sqlite:///"):
             hide.append(os.path.dirname(db_url[len("sqlite:///"):]))
         return SandboxConfig(mode=mode, memory_mb=self.memory_mb, cpu_seconds=self.cpu_seconds,
-                             hide=tuple(hide), expose=())
+                             max_processes=self.max_processes, file_mb=self.file_mb,
+                             tmpfs_mb=self.tmpfs_mb, hide=tuple(hide), expose=())
 
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> Tuple[NotebookNode, ResourcesDict]:
         config = self.sandbox_config(resources)
