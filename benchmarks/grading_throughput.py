@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from coursetools import fixtures, layout, notebooks, sandbox  # noqa: E402
-from coursetools.nbgrader_course import NbgraderCourse  # noqa: E402
+from coursetools import fixtures, layout, notebooks, sandbox
+from coursetools.nbgrader_course import NbgraderCourse
 
 
 def build(root: Path, name: str, students: int) -> NbgraderCourse:

@@ -10,16 +10,28 @@ import tempfile
 from typing import Tuple
 
 from nbconvert.exporters.exporter import ResourcesDict
+from nbformat import v4
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
-from nbformat import v4
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Bool, Integer, List, Unicode
 
 from . import execute, guard, notebooks
-from .execute import BUDGET_ENAME, CELL_TIMEOUT_S, SUBMISSION_BUDGET_S, Outcome, execute_resilient
+from .execute import (
+    BUDGET_ENAME,
+    CELL_TIMEOUT_S,
+    SUBMISSION_BUDGET_S,
+    Outcome,
+    execute_resilient,
+)
 from .notebooks import RAISES_TAG
-from .sandbox import SandboxConfig, bwrap_works, kernel_manager_for, resolve_mode, sandbox_env
+from .sandbox import (
+    SandboxConfig,
+    bwrap_works,
+    kernel_manager_for,
+    resolve_mode,
+    sandbox_env,
+)
 
 
 class TagStubCells(NbGraderPreprocessor):

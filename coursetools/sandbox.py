@@ -43,6 +43,7 @@ coursetools.guard): those are flagged for review, not prevented.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import functools
@@ -55,7 +56,6 @@ import tempfile
 import time
 import uuid
 import weakref
-import atexit
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -13,7 +13,11 @@ from nbformat import v4
 
 from coursetools import execute, guard, notebooks
 from coursetools.execute import BUDGET_ENAME, Outcome, execute_resilient
-from coursetools.nbgrader_ext import ClearHiddenTestsSafely, SafeOutputs, grader_written_outputs
+from coursetools.nbgrader_ext import (
+    ClearHiddenTestsSafely,
+    SafeOutputs,
+    grader_written_outputs,
+)
 
 
 def _test_cell(source, gid="test_f", points=2):
@@ -173,6 +177,7 @@ def _live(html: str) -> str:
 
 def test_guard_and_execute_share_one_place_for_the_limits():
     from traitlets.config.loader import PyFileConfigLoader
+
     from coursetools import layout
 
     config = PyFileConfigLoader("nbgrader_config.py", path=str(layout.ROOT)).load_config()

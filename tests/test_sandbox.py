@@ -8,7 +8,6 @@ no test depends on the machine's speed.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -243,7 +242,7 @@ def test_process_cap_holds(course):
 def test_tmpfs_shm_and_file_size_caps(course):
     """Every writable tmpfs has a size cap, and no file may pass the file-size cap."""
     _, scratch = course
-    code = f"""
+    code = """
     import mmap
     MIB = 2**20
     def fill(path, mib):
@@ -257,7 +256,7 @@ def test_tmpfs_shm_and_file_size_caps(course):
         m = mmap.mmap(fd, 8 * MIB)
         for i in range(0, 8 * MIB, 4096):
             m[i] = 1  # /dev/shm is full (a: 6 MiB, b: the 4 MiB left): SIGBUS
-    out = {{}}
+    out = {}
     for path in ["/tmp/a", "/tmp/b", "/dev/shm/a", "/dev/shm/b", "./a", "./b"]:
         out[path] = attempt(lambda: fill(path, 6))  # 6 MiB each: the file cap is 8 MiB
     pid = os.fork()
