@@ -373,8 +373,10 @@ def graded_class(tmp_path_factory, request):
     bad.parent.mkdir(parents=True)
     bad.write_text('{"cells": [ this is not JSON')
     results_json = root / "results.json"
+    # 60 s per cell: only the endless-loop student should reach it (the correct student's whole
+    # 01 notebook ran in 22 s at load ~16 on 2 cores), so a busy machine costs no honest point.
     cmd = [sys.executable, "-m", "coursetools.classroom", A1, A2, "--course", str(root), "--zip",
-           "--timeout", "20", "--memory-mb", "2048", "--json", str(results_json)]
+           "--timeout", "60", "--memory-mb", "2048", "--json", str(results_json)]
     if not SANDBOXED:  # as root, grade-class refuses to run kernels unsandboxed unless asked
         cmd.append("--unsandboxed-as-root")
     proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
