@@ -13,6 +13,8 @@
     python3 make.py gpu-report          run every notebook and test on a CUDA GPU, write a report
     python3 make.py test-torch 2.9.1    run every notebook alone on another PyTorch release
                                         (or: lowest, newest; a venv of its own, reused)
+    python3 make.py cheatsheet          regenerate CHEATSHEET.md (and chapter 08's error table)
+                                        from the notebooks (--check: only say what is stale)
 
 Everything is installed into ./.venv, never into your system Python. The first run takes a
 few minutes; later runs reinstall only when requirements change. PyTorch: if .venv already
@@ -129,7 +131,8 @@ def jupyter_env() -> dict[str, str]:
 # make.py subcommand -> coursetools module that implements it
 MODULES = {"check": "selfcheck", "release": "release", "links": "links",
            "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom",
-           "gpu-report": "gpu_report", "test-torch": "torchrange"}
+           "gpu-report": "gpu_report", "test-torch": "torchrange",
+           "cheatsheet": "cheatsheet"}
 
 
 # Commands that run the test suite need the test-only packages too.
