@@ -3,6 +3,10 @@
     python3 make.py gpu-report                 every notebook, then the whole test suite
     python3 make.py gpu-report --no-tests      the notebooks only (a few minutes)
     python3 make.py gpu-report -- -k 05_mixed  arguments after -- go to pytest
+    python3 make.py gpu-report --record        also write what each GPU-dependent lesson cell
+                                               printed into the lesson (CUDA only)
+    python3 make.py gpu-report --prune         remove stale or orphaned GPU records (no GPU)
+    python3 make.py gpu-report --coverage      which GPU-dependent cells have a record (no GPU)
 
 CI has no GPU, so the GPU branches of the notebooks (`if device.type == "cuda":`) run only
 here. Each lesson, each solution and each released exercise with the reference answers
@@ -13,11 +17,19 @@ torch/CUDA versions, each notebook's time, the device it ran on and pass/fail, a
 suite's summary. On a machine without CUDA everything still runs, on the CPU, and the report
 says plainly that there was no CUDA device. Exit status: 0 when everything passed (and, with
 --require-cuda, a CUDA device was there), 1 otherwise.
+
+With --record (coursetools/gpu_records.py), each lesson that passed gets, right below each
+of its GPU-dependent code cells, a collapsed markdown block with what that cell printed and
+drew on this GPU, labelled with the GPU's name, the PyTorch and CUDA versions and the date.
+It refuses to run without a CUDA device (exit 2): a CPU's output labelled as a GPU's would be
+a lie. (--record-any-device, for the tool's own tests, records anywhere and labels the device
+as it is, e.g. "On an x86_64 CPU with no GPU (PyTorch ...)".)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import os
@@ -37,7 +49,7 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from . import fixtures, layout, notebooks, standalone
+from . import fixtures, gpu_records, layout, notebooks, standalone
 
 DEFAULT_OUT = layout.ROOT / "test-artifacts"
 CELL_TIMEOUT_S = 300
@@ -118,9 +130,11 @@ def notebook_jobs() -> list[tuple[str, str, Callable[[], NotebookNode]]]:
     return jobs
 
 
-def run_notebooks(info: dict, out: Path, only: list[str] | None, jobs_at_once: int = 1) -> list[NotebookRow]:
+def run_notebooks(info: dict, out: Path, only: list[str] | None, jobs_at_once: int = 1,
+                  executed: dict[str, NotebookNode] | None = None) -> list[NotebookRow]:
     """Run each notebook alone in the Colab-like environment, `jobs_at_once` of them at a time
-    (each in its own kernel and folder), and return one row per notebook, in course order."""
+    (each in its own kernel and folder), and return one row per notebook, in course order.
+    `executed`, when given, receives each lesson's executed notebook (harness cells removed)."""
     executed_dir = out / "gpu-report-notebooks"
     executed_dir.mkdir(parents=True, exist_ok=True)
     jobs = [j for j in notebook_jobs() if not only or any(text in j[0] for text in only)]
@@ -146,6 +160,10 @@ def run_notebooks(info: dict, out: Path, only: list[str] | None, jobs_at_once: i
                          if (p := standalone.image_problem(f))]
             stem = f"{kind.split()[0]}-{Path(shown).stem}"
             notebooks.write(result.executed_nb, executed_dir / f"{stem}.ipynb")
+            if executed is not None and kind == "lesson":
+                ran = copy.deepcopy(result.executed_nb)
+                ran.cells = [c for c in ran.cells if not standalone.is_harness_cell(c)]
+                executed[shown] = ran
             return NotebookRow(shown, kind, round(result.seconds, 1), result.device, not problems,
                                problems[0].splitlines()[0][:300] if problems else "")
 
@@ -260,6 +278,58 @@ def render(info: dict, rows: list[NotebookRow], tests: TestSummary | None, start
     return "\n".join(lines)
 
 
+def _lesson_path(shown: str) -> Path:
+    return Path(shown) if Path(shown).is_absolute() else layout.ROOT / shown
+
+
+def record(rows: list[NotebookRow], executed: dict[str, NotebookNode], info: dict) -> list[str]:
+    """Write the record blocks into every lesson whose run passed; lines saying what was done."""
+    device = gpu_records.device_from(info)
+    lines = []
+    for row in rows:
+        if row.kind != "lesson":
+            continue
+        if not row.passed or row.notebook not in executed:
+            lines.append(f"{row.notebook}: not recorded, its run failed ({row.problem or 'no result'})")
+            continue
+        path = _lesson_path(row.notebook)
+        nb = notebooks.read(path)
+        new, notes = gpu_records.write_blocks(nb, executed[row.notebook].cells, device)
+        if new is not nb:
+            notebooks.write(new, path)
+        cov = gpu_records.coverage(new, row.notebook)
+        lines.append(f"{row.notebook}: {len(cov.recorded)} of {len(cov.dependent)} GPU-dependent cells recorded"
+                     + (f" ({'; '.join(notes)})" if notes else ""))
+    return [f"records made on {device.where()}:", *lines]
+
+
+def _lesson_files(only: list[str] | None, paths: list[Path] | None = None) -> list[Path]:
+    files = list(paths) if paths else layout.lessons()
+    return [p for p in files if not only or any(text in str(p) for text in only)]
+
+
+def prune_files(paths: list[Path]) -> list[str]:
+    """Remove stale, orphaned or unreadable record blocks (no GPU needed); what was removed."""
+    lines = []
+    for path in paths:
+        name = gpu_records.shown(path, layout.ROOT)
+        nb = notebooks.read(path)
+        new, found = gpu_records.prune(nb, name)
+        if found:
+            notebooks.write(new, path)
+            lines += [f"removed: {p.message.split(' Run `')[0]}" for p in found]
+    return lines or ["no stale or orphaned GPU record: nothing to prune"]
+
+
+def coverage_report(paths: list[Path]) -> str:
+    rows, nbs = [], {}
+    for path in paths:
+        name = gpu_records.shown(path, layout.ROOT)
+        nbs[name] = notebooks.read(path)
+        rows.append(gpu_records.coverage(nbs[name], name))
+    return gpu_records.coverage_text(rows, nbs)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     pytest_args: list[str] = []
@@ -278,9 +348,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop pytest after this long and report what finished")
     parser.add_argument("--require-cuda", action="store_true",
                         help="fail (exit 1) when there is no CUDA device")
+    parser.add_argument("--record", action="store_true",
+                        help="write what each GPU-dependent lesson cell printed on this GPU into the "
+                             "lesson, below the cell (needs CUDA)")
+    parser.add_argument("--record-any-device", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--prune", action="store_true",
+                        help="only remove GPU records whose cell changed since (or that follow no "
+                             "code cell) from the lessons, and exit; no GPU needed")
+    parser.add_argument("--coverage", action="store_true",
+                        help="only list the lessons' GPU-dependent cells and which have a record, and exit")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="folder for gpu-report.md/.json and logs (default: test-artifacts/)")
     args = parser.parse_args(argv)
+    if args.prune or args.coverage:
+        if args.prune:
+            print("\n".join(prune_files(_lesson_files(args.only))))
+        if args.coverage:
+            print(coverage_report(_lesson_files(args.only)))
+        return 0
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -288,16 +373,32 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine()
     print(f"GPU report: {device_line(info)}", flush=True)
-    rows = [] if args.no_notebooks else run_notebooks(info, out, args.only, args.jobs)
+    recording = args.record or args.record_any_device
+    if recording and not info["devices"] and not args.record_any_device:
+        print("error: --record needs a CUDA device, and there is none here: a record says what a GPU "
+              "printed, so it is made on one (see docs/GPU_RUNS.md). Nothing was run or written.",
+              file=sys.stderr)
+        return 2
+    if recording and args.no_notebooks:
+        print("error: --record runs the lessons; it cannot be combined with --no-notebooks", file=sys.stderr)
+        return 2
+    executed: dict[str, NotebookNode] = {}
+    rows = [] if args.no_notebooks else run_notebooks(info, out, args.only, args.jobs, executed)
+    recorded = record(rows, executed, info) if recording else []
+    if recorded:
+        print("\n".join(recorded), flush=True)
     tests = None if args.no_tests else run_tests(pytest_args, out, args.tests_time_limit)
     seconds = time.perf_counter() - start
 
     text = render(info, rows, tests, started, seconds)
+    if recorded:
+        text += "\n## GPU records written into the lessons\n\n" + "\n".join(f"- {line}" for line in recorded) + "\n"
     (out / "gpu-report.md").write_text(text + "\n")
     (out / "gpu-report.json").write_text(json.dumps({
         "started": started, "seconds": round(seconds, 1), "machine": info,
         "cuda": bool(info["devices"]), "device": device_line(info),
         "notebooks": [asdict(r) for r in rows], "tests": asdict(tests) if tests else None,
+        "recorded": recorded,
     }, indent=1) + "\n")
     print("\n" + text)
     print(f"written: {out / 'gpu-report.md'} and gpu-report.json")
