@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# Run order: cheap static checks first, then notebooks (nbval), then nbgrader grading.
-_ORDER = ["test_repo", "test_notebooks_static", "test_release", "test_selfcheck", "test_tooling"]
+# Run order: cheap static checks first, then the long work units (under pytest-xdist's
+# `--dist loadscope`, what `make.py test` runs, a unit is a file (a notebook: nbval's cells
+# share one kernel) or a class (each grading shard is one); the longest go first so that no
+# worker is left with one at the end), then notebooks (nbval) and the rest.
+_ORDER = ["test_repo", "test_notebooks_static", "test_release", "test_classroom", "test_grading",
+          "test_standalone", "test_selfcheck", "test_postgres_gradebook", "test_browser",
+          "test_sandbox", "test_forgery", "test_lab", "test_tooling"]
 
 
 def pytest_collection_modifyitems(session, config, items):
     def rank(item):
         path = Path(str(item.fspath))
         if path.suffix == ".ipynb":
-            return len(_ORDER)
+            return _ORDER.index("test_browser") + 0.5
         if path.stem in _ORDER:
             return _ORDER.index(path.stem)
-        return len(_ORDER) + 1
+        return len(_ORDER)
     items.sort(key=rank)  # stable: keeps pytest's order inside each group
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker more than cores; grading, notebooks and the class simulation
+    spend part of their time waiting on kernels and subprocesses."""
+    import os
+    return (os.cpu_count() or 1) + 1
 
 
 def pytest_configure(config):
@@ -42,3 +55,23 @@ def pytest_report_header(config):
     if why:
         return [f"grading tests run WITHOUT the sandbox (root, and bubblewrap cannot sandbox here: {why})"]
     return None
+
+
+# Under pytest-xdist, reports that modules print at the end (the simulated class's table, the
+# notebook times) are printed by the workers' plugins, which have no terminal: the controller
+# prints the files they wrote during this run.
+_STARTED = time.time()
+_SUMMARY_FILES = {
+    "grade-class on the simulated class (tests/test_classroom.py)": "grade-class-summary.txt",
+    "notebook run times (stand-alone, deprecations as errors)": "notebook-times.txt",
+}
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    for title, name in _SUMMARY_FILES.items():
+        path = ROOT / "test-artifacts" / name
+        if path.exists() and path.stat().st_mtime >= _STARTED:
+            terminalreporter.section(title)
+            terminalreporter.write(path.read_text())

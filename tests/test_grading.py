@@ -1,15 +1,23 @@
 """Grading through nbgrader itself: solutions score full marks, the untouched release zero,
 and every fixture submission (tests/submissions/) exactly the points it declares.
 
-Each assignment's submissions are split over two scratch nbgrader courses (temporary
-folders, SQLite gradebooks), each autograded once by its own nbgrader process; as many
-such processes run at a time as the machine has cores (two on CI).
+Each assignment's submissions are split into shards of about SHARD_SIZE; a shard is one
+scratch nbgrader course (a temporary folder, an SQLite gradebook) autograded once by its
+own nbgrader process. `generate_assignment` runs once per assignment and process; its
+gradebook and release are copied into each shard. Each shard is a test class: under
+pytest-xdist (`python3 make.py test` runs `--dist loadscope`) a class goes to one worker,
+which grades that shard when its first test asks; in a single process every selected shard
+is graded at once, as many nbgrader processes at a time as the machine has cores.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -18,56 +26,92 @@ from coursetools.nbgrader_course import NbgraderCourse
 
 ASSIGNMENTS = layout.assignments()
 FIXTURES = fixtures.all_fixtures()
+SHARD_SIZE = 6  # submissions per nbgrader process (a submission costs ~5-7 s of CPU)
 
 
-SHARDS = 2  # each assignment's submissions are split over this many scratch courses
+def students_of(name: str) -> list[str]:
+    return ["solution", "untouched-release"] + [fx.student_id for fx in FIXTURES if fx.assignment == name]
 
 
-def submissions_of(name: str) -> dict[str, object]:
-    """student id -> notebook: the solution, the untouched release, every fixture."""
-    subs = {
-        "solution": notebooks.read(layout.source_notebook(name)),
-        "untouched-release": notebooks.read(layout.release_notebook(name)),
-    }
-    for fx in FIXTURES:
-        if fx.assignment == name:
-            subs[fx.student_id] = fixtures.submission(fx)
-    return subs
+def shards_of(name: str) -> list[list[str]]:
+    """The assignment's student ids, dealt into shards of about SHARD_SIZE."""
+    students = students_of(name)
+    k = max(1, math.ceil(len(students) / SHARD_SIZE))
+    return [students[i::k] for i in range(k)]
+
+
+def shard_key(name: str, student: str) -> tuple[str, int]:
+    return name, next(i for i, shard in enumerate(shards_of(name)) if student in shard)
+
+
+def item_shard(item) -> tuple[str, int] | None:
+    """(assignment, shard) whose grades a test item of this module reads; None for others."""
+    cls = getattr(item, "cls", None)
+    return (cls.ASSIGNMENT, cls.SHARD) if hasattr(cls, "SHARD") else None
+
+
+def submission_of(name: str, student: str):
+    if student == "solution":
+        return notebooks.read(layout.source_notebook(name))
+    if student == "untouched-release":
+        return notebooks.read(layout.release_notebook(name))
+    return fixtures.submission(next(fx for fx in FIXTURES if fx.student_id == student and fx.assignment == name))
 
 
 class Shard:
     """Some of one assignment's submissions, autograded by nbgrader in a scratch course."""
 
-    def __init__(self, course: NbgraderCourse, name: str, submissions: dict):
+    def __init__(self, course: NbgraderCourse, name: str, students: list[str]):
         self.course = course
-        course.generate(name)
-        for student, nb in submissions.items():
-            course.submit(student, name, nb)
+        for student in students:
+            course.submit(student, name, submission_of(name, student))
         self.log = course.autograde(name)
-        self.grades = course.grades(name, list(submissions))
+        self.grades = course.grades(name, students)
+
+
+class Generated:
+    """`generate_assignment` once per assignment (and process); shards start from a copy."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.lock = threading.Lock()
+        self.locks: dict[str, threading.Lock] = {}
+        self.done: dict[str, Path] = {}
+        self.count = 0
+
+    def course(self, name: str) -> NbgraderCourse:
+        with self.lock:
+            lock = self.locks.setdefault(name, threading.Lock())
+            self.count += 1
+            folder = self.base / f"shard-{name}-{self.count}"
+        with lock:  # other assignments generate meanwhile
+            if name not in self.done:
+                generated = self.base / f"generated-{name}"
+                NbgraderCourse(generated, [name]).generate(name)
+                self.done[name] = generated
+        shutil.copytree(self.done[name], folder)
+        return NbgraderCourse(folder, [name])  # rewrites nbgrader_config.py for its own root
 
 
 class Graded:
-    """The autograde results of one assignment, for every submission."""
+    """The autograde results of one shard of an assignment."""
 
-    def __init__(self, name: str, shards: list[Shard]):
+    def __init__(self, name: str, shard: Shard | Exception):
         self.name = name
         self.source = notebooks.read(layout.source_notebook(name))
         self.points = {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(self.source)}
-        self.shard_of = {student: shard for shard in shards for student in shard.grades}
-        self.grades = {student: grade for shard in shards for student, grade in shard.grades.items()}
+        self.shard = shard
 
     def explain(self, student: str, expected: dict[str, float]) -> str:
         """A readable account of what a submission scored, and why, for failure messages."""
-        got = self.grades.get(student)
-        shard = self.shard_of.get(student)
+        got = self.shard.grades.get(student)
         if got is None:
-            log = shard.log if shard else None
+            log = self.shard.log
             return (f"nbgrader produced no grades for {student!r} (the submission was aborted).\n"
-                    f"autograde log:\n{log.stdout[-3000:] if log else ''}\n{log.stderr[-3000:] if log else ''}")
+                    f"autograde log:\n{log.stdout[-3000:]}\n{log.stderr[-3000:]}")
         lines = []
         try:
-            graded_nb = shard.course.autograded_notebook(student, self.name)
+            graded_nb = self.shard.course.autograded_notebook(student, self.name)
             errors = {notebooks.grade_id(c): next(
                 (f"{o.ename}: {o.evalue}" for o in c.outputs if o.output_type == "error"),
                 next((o.text for o in c.outputs if o.output_type == "stream" and o.name == "stderr"), ""))
@@ -82,81 +126,91 @@ class Graded:
         return "\n".join(lines)
 
     def scores(self, student: str) -> dict[str, float | None] | None:
-        got = self.grades.get(student)
+        got = self.shard.grades.get(student)
         if got is None:
             return None
         return {gid: (g.score if not g.needs_manual_grade else None) for gid, g in got.items()}
 
 
-def _selected_assignments(session) -> list[str]:
-    """The assignments the selected tests of this module need (all, unless -k narrowed it)."""
-    names = set()
-    for item in session.items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if getattr(getattr(item, "module", None), "__name__", None) == __name__:
-            if "name" in params:
-                names.add(params["name"])
-            elif "fx" in params:
-                names.add(params["fx"].assignment)
-    return [n for n in ASSIGNMENTS if n in names]
-
-
 @pytest.fixture(scope="session")
-def graded_all(tmp_path_factory, request) -> dict[str, Graded | Exception]:
-    """Every selected assignment graded, one nbgrader process per core at a time."""
-    jobs = []
-    for name in _selected_assignments(request.session):
-        subs = list(submissions_of(name).items())
-        for k in range(SHARDS):
-            # made here, not in the threads: pytest's temporary folders are not thread-safe
-            # (two threads creating the base folder at once: FileExistsError)
-            jobs.append((name, dict(subs[k::SHARDS]), tmp_path_factory.mktemp(f"nbgrader-{name}")))
+def shard_results(tmp_path_factory, request) -> dict:
+    """(assignment, shard) -> Shard, or the exception that stopped it; filled on demand."""
+    return {"results": {}, "generated": Generated(tmp_path_factory.mktemp("nbgrader")),
+            "lock": threading.Lock(), "session": request.session}
 
-    def run(job) -> Shard | Exception:
-        name, subs, folder = job
-        try:
-            return Shard(NbgraderCourse(folder, [name]), name, subs)
-        except Exception as exc:  # noqa: BLE001 - reported by that assignment's tests only
-            return exc
 
-    workers = max(1, min(len(jobs), os.cpu_count() or 2))
+def _grade(state, key) -> Shard | Exception:
+    name, index = key
+    try:
+        return Shard(state["generated"].course(name), name, shards_of(name)[index])
+    except Exception as exc:  # noqa: BLE001 - reported by that shard's tests only
+        return exc
+
+
+def _grade_selected(state) -> None:
+    """Outside xdist: every shard the selected tests need, graded at once (a core each)."""
+    keys = []
+    for item in state["session"].items:
+        key = item_shard(item) if getattr(item, "module", None) is not None and item.module.__name__ == __name__ else None
+        if key is not None and key not in keys and key not in state["results"]:
+            keys.append(key)
+    workers = max(1, min(len(keys), os.cpu_count() or 2))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(run, jobs))
-    out: dict[str, Graded | Exception] = {}
-    for (name, _, _), shard in zip(jobs, done):
-        if isinstance(shard, Exception):
-            out[name] = shard
-        elif not isinstance(out.get(name), Exception):
-            out.setdefault(name, [])
-            out[name].append(shard)
-    return {name: v if isinstance(v, Exception) else Graded(name, v) for name, v in out.items()}
+        for key, result in zip(keys, pool.map(lambda k: _grade(state, k), keys)):
+            state["results"][key] = result
 
 
 @pytest.fixture
-def graded(graded_all):
-    def get(name: str) -> Graded:
-        result = graded_all[name]
+def graded(shard_results, request):
+    under_xdist = hasattr(request.config, "workerinput")
+
+    def get(name: str, student: str) -> Graded:
+        key = shard_key(name, student)
+        with shard_results["lock"]:
+            if key not in shard_results["results"]:
+                if under_xdist:  # this worker runs this shard's tests: grade it alone
+                    shard_results["results"][key] = _grade(shard_results, key)
+                else:
+                    _grade_selected(shard_results)
+        result = shard_results["results"][key]
         if isinstance(result, Exception):
             raise result
-        return result
+        return Graded(name, result)
     return get
 
 
-@pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_solution_autogrades_to_full_marks(graded, name):
-    g = graded(name)
-    assert g.scores("solution") == g.points, g.explain("solution", g.points)
+# One test class per shard: pytest-xdist's `--dist loadscope` (what `make.py test` uses) sends
+# a class to one worker as a unit, so each shard is autograded once, by the worker that runs
+# its tests.
+def _shard_class(name: str, index: int, students: list[str]) -> type:
+    fixtures_here = [fx for fx in FIXTURES if fx.assignment == name and fx.student_id in students]
+
+    class Shard:
+        ASSIGNMENT, SHARD = name, index
+
+        if "solution" in students:
+            def test_solution_autogrades_to_full_marks(self, graded):
+                g = graded(name, "solution")
+                assert g.scores("solution") == g.points, g.explain("solution", g.points)
+
+        if "untouched-release" in students:
+            def test_untouched_release_autogrades_to_zero(self, graded):
+                g = graded(name, "untouched-release")
+                zero = {gid: 0.0 for gid in g.points}
+                assert g.scores("untouched-release") == zero, g.explain("untouched-release", zero)
+
+        if fixtures_here:
+            @pytest.mark.parametrize("fx", fixtures_here, ids=[f"{f.assignment}/{f.kind}/{f.name}" for f in fixtures_here])
+            def test_fixture_submission_scores_as_declared(self, graded, fx):
+                g = graded(fx.assignment, fx.student_id)
+                expected = fixtures.expected_scores(fx, g.source)
+                assert g.scores(fx.student_id) == expected, f"{fx.description}\n" + g.explain(fx.student_id, expected)
+
+    Shard.__name__ = Shard.__qualname__ = f"TestGrading_{name}_shard{index}"
+    return Shard
 
 
-@pytest.mark.parametrize("name", ASSIGNMENTS)
-def test_untouched_release_autogrades_to_zero(graded, name):
-    g = graded(name)
-    zero = {gid: 0.0 for gid in g.points}
-    assert g.scores("untouched-release") == zero, g.explain("untouched-release", zero)
-
-
-@pytest.mark.parametrize("fx", FIXTURES, ids=[f"{f.assignment}/{f.kind}/{f.name}" for f in FIXTURES])
-def test_fixture_submission_scores_as_declared(graded, fx):
-    g = graded(fx.assignment)
-    expected = fixtures.expected_scores(fx, g.source)
-    assert g.scores(fx.student_id) == expected, f"{fx.description}\n" + g.explain(fx.student_id, expected)
+for _name in ASSIGNMENTS:
+    for _index, _students in enumerate(shards_of(_name)):
+        _cls = _shard_class(_name, _index, _students)
+        globals()[_cls.__name__] = _cls

@@ -132,6 +132,8 @@ class TimingRecord:
             "notebooks": [asdict(r) for r in self.rows],
         }
         TIMES_FILE.write_text(json.dumps(data, indent=1) + "\n")
+        # the table, for the end of a pytest-xdist run (conftest.py prints it there)
+        TIMES_FILE.with_suffix(".txt").write_text("\n".join(self.table()) + "\n")
 
     def table(self) -> list[str]:
         lines = [f"{'seconds':>8} {'cells s':>8} {'ran':>7} {'figs':>5}  {'device':8} {'result':7} notebook"]

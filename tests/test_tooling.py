@@ -92,3 +92,21 @@ def test_notebook_reader_errors_name_the_problem(tmp_path):
     (tmp_path / "x.ipynb").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(notebooks.NotebookError, match="not UTF-8"):
         notebooks.read(tmp_path / "x.ipynb")
+
+
+def test_nbformat_imports_without_building_the_iri_parser_and_iri_checks_still_work():
+    """make.py's site file defers rfc3987_syntax (an Earley parser built at import, 1.2-1.7 s
+    per process): importing nbformat leaves the stub in place, and jsonschema's "iri" format
+    check still accepts and rejects as the real module does (it is imported on first use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nbformat\n"
+            "stub = sys.modules.get('rfc3987_syntax')\n"
+            "print(getattr(stub, '_course_lazy_stub', False))\n"
+            "from jsonschema import FormatChecker\n"
+            "fc = FormatChecker()\n"
+            "print(fc.conforms('https://example.org/caf\\u00e9?q=1', 'iri'), fc.conforms('no iri at all', 'iri'))\n"
+            "print(getattr(sys.modules['rfc3987_syntax'], '_course_lazy_stub', False))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:3] == ["True", "True False", "False"], out
