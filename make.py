@@ -11,6 +11,8 @@
     python3 make.py author-check NAME   quick checks of one chapter while you write it
     python3 make.py grade-class ...     grade a class's submissions (see README, instructors)
     python3 make.py gpu-report          run every notebook and test on a CUDA GPU, write a report
+                                        (--record: write what the GPU printed into the lessons;
+                                        --prune, --coverage: check those records, no GPU)
     python3 make.py test-torch 2.9.1    run every notebook alone on another PyTorch release
                                         (or: lowest, newest; a venv of its own, reused)
     python3 make.py cheatsheet          regenerate CHEATSHEET.md (and chapter 08's error table)

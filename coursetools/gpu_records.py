@@ -284,8 +284,8 @@ class Device:
         versions = f"PyTorch {self.torch}" + (f", CUDA {self.cuda}" if self.cuda else "")
         return f"{_article(self.name)} {self.name} ({versions}, recorded {self.recorded})"
 
-    def label(self) -> str:
-        return f"On {self.where()} the cell above printed:"
+    def label(self, verb: str = "printed") -> str:
+        return f"On {self.where()} the cell above {verb}:"
 
     def data(self) -> dict:
         return {"device": self.name, "torch": self.torch, "cuda": self.cuda, "recorded": self.recorded}
@@ -378,9 +378,11 @@ def make_block(code: NotebookNode, executed: NotebookNode, device: Device) -> No
             body.append(f"![figure {len(attachments)} the cell drew](attachment:{name})")
     if not body:
         body.append("*(nothing: no output, no figure)*")
+    texts = any(kind == "text" for kind, _ in _output_parts(executed))
+    verb = "printed and drew" if texts and attachments else "drew" if attachments else "printed"
     comment = json.dumps(data, sort_keys=True).replace("--", "- -")
     source = (f"<!-- gpu-record {comment} -->\n"
-              f"<details><summary>{device.label()}</summary>\n\n"
+              f"<details><summary>{device.label(verb)}</summary>\n\n"
               + "\n\n".join(body) + "\n\n</details>")
     cell = v4.new_markdown_cell(source)
     cell.pop("id", None)
@@ -509,8 +511,8 @@ def coverage_text(rows: list[Coverage], nbs: dict[str, NotebookNode] | None = No
     total = sum(len(r.dependent) for r in rows)
     done = sum(len(r.recorded) for r in rows)
     lines.append(f"{'total':40} {total:13d} {done:8d} {total - done:7d}")
-    lines += ["", "GPU-dependent cells (index counted from 0, markdown included; "
-              f"tag a code cell '{FORCE_TAG}' to add it, '{EXCLUDE_TAG}' to leave it out):"]
+    lines += ["", ("GPU-dependent cells (index counted from 0, markdown included; "
+                   f"tag a code cell '{FORCE_TAG}' to add it, '{EXCLUDE_TAG}' to leave it out):")]
     for row in rows:
         for index, why in row.dependent.items():
             first = ""

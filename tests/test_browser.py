@@ -521,3 +521,58 @@ def test_instructor_mode_formgrader_lists_and_links(chromium, server_factory, tm
                 if line.startswith("[C ") and "Unwritable directory" not in line]
     assert not critical, f"the server logged a critical error: {critical}"
     print(f"Formgrader lists {', '.join(names)}; screenshot {shot}")
+
+
+def test_gpu_record_block_renders_in_jupyterlab(chromium, server_factory, tmp_path):
+    """A GPU record block (`gpu-report --record`, coursetools/gpu_records.py) as JupyterLab
+    shows it: collapsed, its summary names the device, versions and date, its data line is
+    invisible; opened, it shows the recorded text and the figure (a cell attachment). The
+    blocks are recorded here from a real run of tests/fixtures_gpu/tiny_lesson.json on this
+    machine, and labelled with what this machine is."""
+    from coursetools import gpu_records, gpu_report, standalone
+    page = chromium
+    server = server_factory()
+    opened = server.wait_ready()
+    lesson = notebooks.read(ROOT / "tests" / "fixtures_gpu" / "tiny_lesson.json")
+    run = standalone.run_notebook(lesson, tmp_path / "record", filename="tiny.ipynb", strict=False)
+    assert not run.problems, run.problems
+    device = gpu_records.device_from(gpu_report.machine())
+    recorded, notes = gpu_records.write_blocks(lesson, run.executed_nb.cells, device)
+    assert not notes and sum(map(gpu_records.is_block, recorded.cells)) == 4
+    rel = "gpu-record-demo.ipynb"
+    notebooks.write(recorded, server.cmd.serve_root / rel)
+    page.goto(f"{server.url}/lab/tree/{rel}?token={server.token}", timeout=PAGE_LOAD_MS)
+    wait_for_notebook(page, server, rel)
+    assert opened  # (the server asked for its first page; this test opens its own)
+
+    blocks = page.locator(".jp-NotebookPanel .jp-MarkdownCell details")
+    blocks.first.wait_for(timeout=PAGE_LOAD_MS)
+    shown = page.evaluate("""() => [...document.querySelectorAll('.jp-NotebookPanel .jp-MarkdownCell details')]
+        .map(d => ({open: d.open, summary: d.querySelector('summary')?.textContent ?? '',
+                    cell: d.closest('.jp-RenderedMarkdown').innerText}))""")
+    where = f"(screenshot: {screenshot(page, tmp_path, 'jupyterlab-gpu-record-collapsed.png')})"
+    assert len(shown) == 4, f"JupyterLab shows {len(shown)} <details> blocks, not 4 {where}"
+    assert all(not b["open"] and b["summary"] in (device.label(), device.label("drew")) for b in shown), (
+        f"{shown} {where}")
+    assert not any("cell_sha256" in b["cell"] for b in shown), f"the data line is visible {where}"
+
+    # Open the branch's block and the figure's block: the recorded text, the figure.
+    skipped = "skipped: this machine has no GPU"
+    expected = next(t for t in (c.source for c in recorded.cells if gpu_records.is_block(c))
+                    if "device.type" not in t and ("on " in t or skipped in t) and "```text" in t
+                    and "PyTorch" not in t.split("</summary>", 1)[1])
+    summaries = page.locator(".jp-NotebookPanel .jp-MarkdownCell details > summary")
+    summaries.nth(1).click()
+    summaries.nth(2).click()
+    page.wait_for_function("""() => {
+        const open = [...document.querySelectorAll('.jp-NotebookPanel .jp-MarkdownCell details[open]')];
+        const img = open.map(d => d.querySelector('img')).find(i => i);
+        return open.length === 2 && img && img.complete && img.naturalWidth > 10;
+    }""", timeout=60_000)
+    summaries.nth(1).evaluate("e => e.scrollIntoView({block: 'start'})")  # the text, then the figure
+    page.wait_for_timeout(500)  # (the scroll settles)
+    shot = screenshot(page, tmp_path, "jupyterlab-gpu-record-block.png")
+    text = page.locator(".jp-NotebookPanel .jp-MarkdownCell details[open] pre").first.inner_text()
+    recorded_text = expected.split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert text.strip() == recorded_text.strip(), f"shown {text!r}, recorded {recorded_text!r} ({shot})"
+    print(f"GPU record blocks render collapsed and open in JupyterLab; screenshot {shot}")

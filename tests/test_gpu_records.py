@@ -147,7 +147,7 @@ def test_block_label_text_figures_and_truncation():
     block = gpu_records.make_block(code, executed, H200)
     assert gpu_records.is_block(block) and block.metadata["tags"] == [gpu_records.RECORD_TAG]
     assert ("<details><summary>On an NVIDIA H200 (PyTorch 2.11.0+cu130, CUDA 13.0, recorded 2026-11-29) "
-            "the cell above printed:</summary>") in block.source
+            "the cell above printed and drew:</summary>") in block.source
     data = gpu_records.block_data(block)
     assert data == {"cell_sha256": gpu_records.fingerprint(code.source), "device": "NVIDIA H200",
                     "torch": "2.11.0+cu130", "cuda": "13.0", "recorded": "2026-11-29"}
@@ -238,7 +238,7 @@ def test_record_check_edit_prune_and_run_alone(lesson_copies, tmp_path, capsys):
             block = nb.cells[i + 1]
             assert nb.cells[i].cell_type == "code" and gpu_records.block_data(block)["cell_sha256"] == \
                 gpu_records.fingerprint(nb.cells[i].source)
-            assert device.label() in block.source
+            assert f"<summary>On {device.where()} the cell above " in block.source
             if not info["devices"]:
                 assert "CPU with no GPU" in block.source and "NVIDIA" not in device.label()
         assert record_problems(path) == []
