@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from nbformat import v4
 
-from coursetools import gpu_records, gpu_report, layout, notebooks, standalone
+from coursetools import gpu_records, gpu_report, lab, layout, notebooks, standalone
 
 ROOT = layout.ROOT
 ARTIFACTS = ROOT / "test-artifacts"
@@ -242,6 +244,14 @@ def test_record_check_edit_prune_and_run_alone(lesson_copies, tmp_path, capsys):
             if not info["devices"]:
                 assert "CPU with no GPU" in block.source and "NVIDIA" not in device.label()
         assert record_problems(path) == []
+        # ... and stays a course notebook: nbformat 4.4 as stored, no cell ids, cell metadata
+        # only tags (tests/test_notebooks_static.py), no new relative link.
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        nbformat.validate(nbformat.from_dict(raw))
+        assert raw["nbformat_minor"] == 4 and not any("id" in c for c in raw["cells"])
+        blocks = [c for c in raw["cells"] if gpu_records.RECORD_TAG in c["metadata"].get("tags", [])]
+        assert len(blocks) == len(recorded) and all(c["metadata"] == {"tags": [gpu_records.RECORD_TAG]} for c in blocks)
+        assert lab.relative_links(raw) == lab.relative_links(json.loads(nbformat.writes(before[path])))
     nb = notebooks.read(start_here)
     texts = [c.source for c in nb.cells if gpu_records.is_block(c)]
     assert any(f"PyTorch {torch.__version__} | device: " in t for t in texts)  # the setup cell's report
