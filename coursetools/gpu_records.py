@@ -24,13 +24,13 @@ needed), so a change made without a GPU removes the record instead of leaving a 
 nbgrader's keys and tags: tests/test_notebooks_static.py.)
 
 Which cells are GPU-dependent is decided from their source alone (`gpu_dependent_cells`),
-so it follows the notebooks as they change: a cell that calls into the machine's
-accelerator (`torch.cuda.*`, `torch.mps.*`, `torch.accelerator.*`,
-`torch.backends.mps.is_available()`), that passes `pin_memory=` or `non_blocking=` (no-ops
-without a GPU), that branches on a machine fact (an `if`/`while`/conditional expression
+so it follows the notebooks as they change: a cell whose code (and the notebook functions it
+calls) calls into the machine's accelerator (`torch.cuda.*`, `torch.mps.*`,
+`torch.accelerator.*`, `torch.backends.mps.*`), passes `pin_memory=` or `non_blocking=`
+(no-ops without a GPU), branches on a machine fact (an `if`/`while`/conditional expression
 testing such a call, or a name set from one, like the setup cell's `device` or a chapter's
-`on_cuda`), or that calls a function of the notebook that does any of these. A cell tagged
-`gpu-output` counts whatever its source; one tagged `no-gpu-record` never does.
+`on_cuda`), or uses such a name at all (it computes on or shows the chosen device). A cell
+tagged `gpu-output` counts whatever its source; one tagged `no-gpu-record` never does.
 """
 
 from __future__ import annotations
@@ -109,6 +109,28 @@ def _top_level(node: ast.AST):
         todo.extend(reversed(list(ast.iter_child_nodes(sub))))  # in source order
 
 
+def _bound_names(target: ast.AST) -> list[str]:
+    """The names an assignment target binds (`a`, `a, (b, *c)`), not `a.x` or `a[0]`."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for e in target.elts for n in _bound_names(e)]
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
+    return []
+
+
+def _locals(nodes: list[ast.AST]) -> frozenset[str]:
+    """Comprehension variables and lambda parameters among `nodes`: local names."""
+    found: set[str] = set()
+    for sub in nodes:
+        if isinstance(sub, ast.comprehension):
+            found |= {n.id for n in ast.walk(sub.target) if isinstance(n, ast.Name)}
+        elif isinstance(sub, ast.Lambda):
+            found |= _params(sub)
+    return frozenset(found)
+
+
 def _params(fn: ast.AST) -> set[str]:
     args = fn.args  # type: ignore[attr-defined]
     every = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
@@ -149,8 +171,47 @@ class _Facts:
                 return True
         return False
 
+    def device_valued(self, node: ast.AST) -> bool:
+        """Is `node` a machine fact itself (a device, a flag, a name or count of devices),
+        rather than something computed with one (a tensor on the device)?"""
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name.startswith(PROBE_PREFIXES):
+                return True
+            return name == "torch.device" and any(
+                self.machine_fact(a) for a in [*node.args, *(k.value for k in node.keywords)])
+        if isinstance(node, (ast.Compare, ast.BoolOp, ast.UnaryOp)):
+            return self.machine_fact(node)
+        if isinstance(node, ast.IfExp):
+            return self.machine_fact(node.test) or self.device_valued(node.body) or self.device_valued(node.orelse)
+        if isinstance(node, ast.Name):
+            return node.id in self.names
+        if isinstance(node, ast.Attribute):
+            return self.device_valued(node.value)
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return any(self.device_valued(e) for e in node.elts)
+        return False
+
+    def uses(self, nodes) -> str | None:
+        """Why one of `nodes` runs on, or shows, the chosen device: it names a machine fact
+        (other than to derive another one, as in `on_cuda = device.type == "cuda"`)."""
+        nodes = list(nodes)
+        deriving = {id(n) for sub in nodes
+                    if isinstance(sub, (ast.Assign, ast.AnnAssign)) and sub.value is not None
+                    and self.device_valued(sub.value) for n in ast.walk(sub.value)}
+        local = _locals(nodes)
+        for sub in nodes:
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id in self.names \
+                    and sub.id not in local and id(sub) not in deriving:
+                return f"uses `{sub.id}` (set by the machine: it computes on or shows the chosen device)"
+        return None
+
     def branches(self, nodes, shadow: frozenset[str] = frozenset()) -> str | None:
-        """Why one of `nodes` takes a different path on a GPU: a test on a machine fact."""
+        """Why one of `nodes` takes a different path on a GPU: a test on a machine fact.
+        (Comprehension variables and lambda parameters are local: they shadow the notebook's
+        names, so `[c for c in tools if shutil.which(c)]` is no test on a global `c`.)"""
+        nodes = list(nodes)
+        shadow = shadow | _locals(nodes)
         for sub in nodes:
             tests = []
             if isinstance(sub, (ast.If, ast.While, ast.IfExp)):
@@ -166,7 +227,8 @@ class _Facts:
 
     def depends(self, tree: ast.AST) -> str | None:
         """Why the code that runs when this cell runs behaves differently on a GPU."""
-        return self.probe(_top_level(tree)) or self.branches(_top_level(tree))
+        return (self.probe(_top_level(tree)) or self.branches(_top_level(tree))
+                or self.uses(_top_level(tree)))
 
     def learn(self, tree: ast.Module) -> None:
         """Walk the cell's statements in order: a name assigned a machine fact (or assigned
@@ -189,15 +251,13 @@ class _Facts:
                 continue
             value = getattr(node, "value", None)
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and value is not None:
-                fact = under_fact or self.machine_fact(value) or (
-                    isinstance(node, ast.AugAssign) and self.machine_fact(node.target))
+                fact = under_fact or self.device_valued(value) or (
+                    isinstance(node, ast.AugAssign) and self.device_valued(node.target))
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    for sub in ast.walk(target):
-                        if isinstance(sub, ast.Name):
-                            (self.names.add if fact else self.names.discard)(sub.id)
+                for name in (n for t in targets for n in _bound_names(t)):
+                    (self.names.add if fact else self.names.discard)(name)
             for sub in _top_level(node):  # walrus assignments anywhere in the statement
-                if isinstance(sub, ast.NamedExpr) and (under_fact or self.machine_fact(sub.value)):
+                if isinstance(sub, ast.NamedExpr) and (under_fact or self.device_valued(sub.value)):
                     self.names.add(sub.target.id)
             if isinstance(node, (ast.If, ast.While)):
                 fact = under_fact or self.machine_fact(node.test)

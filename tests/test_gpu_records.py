@@ -91,9 +91,9 @@ def test_heuristic_finds_branches_probes_and_gpu_only_arguments():
         SETUP,                                                          # 0 probe
         "x = torch.ones(3)\nprint(x.sum())",                           # 1 plain
         'if device.type == "cuda":\n    print(1)\nelse:\n    print("skipped: no GPU")',  # 2 branch
-        'on_cuda = device.type == "cuda"',                             # 3 plain assignment
+        'on_cuda = device.type == "cuda"',                             # 3 derives a fact, shows nothing
         'label = "GPU" if on_cuda else "CPU"',                         # 4 branch on a derived fact
-        "y = x.to(device)\nprint(y.shape)",                            # 5 uses the device, no branch
+        "y = x.to(device)\nprint(y.shape)",                            # 5 computes on the device
         "loader = DataLoader(ds, pin_memory=True)",                    # 6 GPU-only keyword
         "print(torch.cuda.memory_allocated())",                        # 7 probe
         "def safe_to(x, device):\n    if x.device == device:\n        return x\n    return x.to(device)",  # 8 param shadows
@@ -105,11 +105,29 @@ def test_heuristic_finds_branches_probes_and_gpu_only_arguments():
         'if device.type == "cuda":\n    pass',                         # 14 tagged no-gpu-record
         tags={13: [gpu_records.FORCE_TAG], 14: [gpu_records.EXCLUDE_TAG]})
     found = gpu_records.gpu_dependent_cells(nb)
-    assert sorted(found) == [0, 2, 4, 6, 7, 11, 13], found
+    assert sorted(found) == [0, 2, 4, 5, 6, 7, 11, 13], found
+    assert found[5].startswith("uses `device`")
     assert found[2].startswith("branches on `device.type == 'cuda'`")
     assert found[4] == "branches on `on_cuda`"
     assert "pin_memory=" in found[6] and "torch.cuda.memory_allocated" in found[7]
     assert found[11] == "calls best(), which depends on the device"
+
+
+def test_heuristic_scopes_names_like_python():
+    """Names set inside a branch on the machine are facts; attribute targets, comprehension
+    variables and later plain assignments are not."""
+    nb = _nb(
+        SETUP,                                                          # 0
+        'if device.type == "cuda":\n    torch.backends.cuda.matmul.allow_tf32 = True\n    a = torch.randn(9, device=device)',  # 1
+        "print(torch.ones(2))",                                        # 2 `torch` did not become a fact
+        "print(a.shape)",                                              # 3 `a` was set in the GPU branch
+        "c = device",                                                  # 4 derives a fact, shows nothing
+        'tools = [c for c in ("g++", "clang++") if shutil.which(c)]',   # 5 a local `c`, not the fact
+        "a = torch.zeros(3)\nprint(a.shape)",                          # 6 `a` is plain again
+    )
+    found = gpu_records.gpu_dependent_cells(nb)
+    assert sorted(found) == [0, 1, 3], found
+    assert found[3].startswith("uses `a`")
 
 
 def test_heuristic_on_the_lessons_finds_the_gpu_measurements_of_07():
