@@ -562,15 +562,17 @@ def coverage(nb: NotebookNode, name: str) -> Coverage:
     return Coverage(name, dependent, recorded)
 
 
-def coverage_text(rows: list[Coverage], nbs: dict[str, NotebookNode] | None = None) -> str:
-    """A table per notebook (GPU-dependent cells, with a record, missing), then every
-    GPU-dependent cell with why it counts, for a maintainer to review."""
+def coverage_text(rows: list[Coverage], nbs: dict[str, NotebookNode] | None = None, cells: bool = True) -> str:
+    """A table per notebook (GPU-dependent cells, with a record, missing), then (`cells`)
+    every GPU-dependent cell with why it counts, for a maintainer to review."""
     lines = [f"{'notebook':40} {'GPU-dependent':>13} {'recorded':>8} {'missing':>7}"]
     for row in rows:
         lines.append(f"{row.notebook:40} {len(row.dependent):13d} {len(row.recorded):8d} {len(row.missing):7d}")
     total = sum(len(r.dependent) for r in rows)
     done = sum(len(r.recorded) for r in rows)
     lines.append(f"{'total':40} {total:13d} {done:8d} {total - done:7d}")
+    if not cells:
+        return "\n".join(lines)
     lines += ["", ("GPU-dependent cells (index counted from 0, markdown included; "
                    f"tag a code cell '{FORCE_TAG}' to add it, '{EXCLUDE_TAG}' to leave it out):")]
     for row in rows:

@@ -321,13 +321,13 @@ def prune_files(paths: list[Path]) -> list[str]:
     return lines or ["no stale or orphaned GPU record: nothing to prune"]
 
 
-def coverage_report(paths: list[Path]) -> str:
+def coverage_report(paths: list[Path], cells: bool = True) -> str:
     rows, nbs = [], {}
     for path in paths:
         name = gpu_records.shown(path, layout.ROOT)
         nbs[name] = notebooks.read(path)
         rows.append(gpu_records.coverage(nbs[name], name))
-    return gpu_records.coverage_text(rows, nbs)
+    return gpu_records.coverage_text(rows, nbs, cells)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,13 +55,37 @@ def test_no_stale_or_orphaned_gpu_record(path):
         assert not blocks, f"{path.name}: GPU record blocks {blocks} outside a lesson: records belong in course/"
 
 
-def test_gpu_record_coverage_is_reported():
-    """How many GPU-dependent cells of each lesson have a record (printed, and written to
-    test-artifacts/gpu-record-coverage.txt), with the list of those cells for review."""
+class CoverageSummary:
+    """Prints the coverage table at the end of the run (a plugin registered by the fixture;
+    under pytest-xdist a worker has no terminal: the table is in the file)."""
+
+    table = ""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.table:
+            terminalreporter.section("GPU records in the lessons (tests/test_gpu_records.py)")
+            terminalreporter.write_line(self.table)
+
+
+@pytest.fixture(scope="module")
+def coverage_summary(request) -> CoverageSummary:
+    summary = CoverageSummary()
+    request.config.pluginmanager.register(summary, "course-gpu-record-coverage")
+    return summary
+
+
+def test_gpu_record_coverage_is_reported(coverage_summary):
+    """How many GPU-dependent cells of each lesson have a record: a table printed at the end
+    of the run and written to test-artifacts/gpu-record-coverage.txt; every GPU-dependent
+    cell, with why it counts and whether it has a record, in test-artifacts/gpu-record-cells.txt."""
     lessons = layout.lessons()
     text = gpu_report.coverage_report(lessons)
+    table = gpu_report.coverage_report(lessons, cells=False)
     ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "gpu-record-coverage.txt").write_text(text + "\n")
+    (ARTIFACTS / "gpu-record-cells.txt").write_text(text + "\n")
+    coverage_summary.table = (table + "\n(each GPU-dependent cell and why: test-artifacts/gpu-record-cells.txt; "
+                              "record on a GPU: python3 make.py gpu-report --record)")
+    (ARTIFACTS / "gpu-record-coverage.txt").write_text(coverage_summary.table + "\n")
     print("\n" + text)
     for path in lessons:
         nb = notebooks.read(path)
