@@ -427,7 +427,9 @@ def make_block(code: NotebookNode, executed: NotebookNode, device: Device) -> No
     attachments: dict[str, dict[str, str]] = {}
     for kind, value in _output_parts(executed):
         if kind == "text":
-            clipped = _clip(str(value).rstrip("\n"))
+            # What a terminal shows of a line rewritten with "\r" (a progress bar): its last state.
+            shown = "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in str(value).split("\n"))
+            clipped = _clip(shown.rstrip("\n"))
             if clipped.strip():
                 fence = _fence(clipped)
                 body.append(f"{fence}text\n{clipped}\n{fence}")

@@ -184,6 +184,7 @@ def test_block_label_text_figures_and_truncation():
     code = v4.new_code_cell('if device.type == "cuda":\n    print("x")')
     executed = v4.new_code_cell(code.source, execution_count=3, outputs=[
         v4.new_output("stream", name="stdout", text="pinned  54.5 GB/s\n```fence```\n"),
+        v4.new_output("stream", name="stdout", text="progress 10%\rprogress 100%\r\n"),
         v4.new_output("display_data", data={"image/png": base64.b64encode(_png()).decode(), "text/plain": "<Figure>"}),
         v4.new_output("stream", name="stdout", text="".join(f"line {i}\n" for i in range(200))),
         v4.new_output("error", ename="RuntimeError", evalue="boom", traceback=["\x1b[31mRuntimeError\x1b[0m: boom"]),
@@ -195,7 +196,8 @@ def test_block_label_text_figures_and_truncation():
     data = gpu_records.block_data(block)
     assert data == {"cell_sha256": gpu_records.fingerprint(code.source), "device": "NVIDIA H200",
                     "torch": "2.11.0+cu130", "cuda": "13.0", "recorded": "2026-11-29"}
-    assert "````text\npinned  54.5 GB/s\n```fence```\n````" in block.source  # a longer fence
+    assert "````text\npinned  54.5 GB/s\n```fence```\nprogress 100%\n````" in block.source  # a longer fence
+    assert "progress 10%" not in block.source and "\r" not in block.source
     assert list(block.attachments) == ["gpu-record-1.png"] and "](attachment:gpu-record-1.png)" in block.source
     assert base64.b64decode(block.attachments["gpu-record-1.png"]["image/png"]).startswith(b"\x89PNG")
     assert "lines not shown here" in block.source and "line 100\n" not in block.source
