@@ -3,7 +3,7 @@ and every fixture submission (tests/submissions/) exactly the points it declares
 
 Each assignment's submissions are split into shards of about SHARD_SIZE; a shard is one
 scratch nbgrader course (a temporary folder, an SQLite gradebook) autograded once by its
-own nbgrader process. `generate_assignment` runs once per assignment and process; its
+own nbgrader process. `generate_assignment` runs once per assignment (and test run); its
 gradebook and release are copied into each shard. Each shard is a test class: under
 pytest-xdist (`python3 make.py test` runs `--dist loadscope`) a class goes to one worker,
 which grades that shard when its first test asks; in a single process every selected shard
@@ -70,26 +70,35 @@ class Shard:
 
 
 class Generated:
-    """`generate_assignment` once per assignment (and process); shards start from a copy."""
+    """`generate_assignment` once per assignment and test run: under pytest-xdist the workers
+    share one generated course per assignment (made by the first worker that needs it, under
+    a file lock); shards start from a copy of it."""
 
-    def __init__(self, base: Path):
-        self.base = base
+    def __init__(self, base: Path, shared: Path):
+        self.base, self.shared = base, shared
         self.lock = threading.Lock()
         self.locks: dict[str, threading.Lock] = {}
-        self.done: dict[str, Path] = {}
         self.count = 0
 
     def course(self, name: str) -> NbgraderCourse:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no file locks; each worker generates its own
+            fcntl = None
         with self.lock:
             lock = self.locks.setdefault(name, threading.Lock())
             self.count += 1
             folder = self.base / f"shard-{name}-{self.count}"
-        with lock:  # other assignments generate meanwhile
-            if name not in self.done:
-                generated = self.base / f"generated-{name}"
+        shared = self.shared if fcntl else self.base
+        generated = shared / f"generated-{name}"
+        shared.mkdir(parents=True, exist_ok=True)
+        with lock, open(shared / f"generated-{name}.lock", "w") as lockfile:
+            if fcntl:
+                fcntl.flock(lockfile, fcntl.LOCK_EX)  # other workers wait; other assignments go on
+            if not (generated / "generated.ok").exists():
                 NbgraderCourse(generated, [name]).generate(name)
-                self.done[name] = generated
-        shutil.copytree(self.done[name], folder)
+                (generated / "generated.ok").write_text("")
+        shutil.copytree(generated, folder)
         return NbgraderCourse(folder, [name])  # rewrites nbgrader_config.py for its own root
 
 
@@ -135,7 +144,11 @@ class Graded:
 @pytest.fixture(scope="session")
 def shard_results(tmp_path_factory, request) -> dict:
     """(assignment, shard) -> Shard, or the exception that stopped it; filled on demand."""
-    return {"results": {}, "generated": Generated(tmp_path_factory.mktemp("nbgrader")),
+    base = tmp_path_factory.mktemp("nbgrader")
+    run = getattr(request.config, "workerinput", {}).get("testrunuid")
+    # xdist workers' temporary folders are siblings: the run's id keeps other runs out
+    shared = tmp_path_factory.getbasetemp().parent / f"nbgrader-generated-{run}" if run else base
+    return {"results": {}, "generated": Generated(base, shared),
             "lock": threading.Lock(), "session": request.session}
 
 
