@@ -4,7 +4,8 @@
 
 Rewrites the badge link in the header cell of every lesson and every assignment source
 (then regenerates the releases that changed), and the course map table in README.md
-between the `course-map` markers. Run it after changing `github_repo` or `branch`, or after
+between the `course-map` markers (with what each exercise has the learner write and its
+points, read from the exercise's source). Run it after changing `github_repo` or `branch`, or after
 adding a chapter.
 """
 
@@ -43,10 +44,23 @@ def title_of(path) -> str:
     return re.sub(r":\s*exercises$", "", title)
 
 
+def graded_names(name: str) -> tuple[list[str], float]:
+    """What an exercise has the learner write (the public functions and classes its answer
+    cells define, in order) and its points: the README column, read from the source."""
+    nb = notebooks.read(layout.source_notebook(name))
+    names: list[str] = []
+    for cell in nb.cells:
+        if notebooks.is_solution(cell):
+            for found in re.findall(r"^(?:async\s+)?(?:def|class)\s+(\w+)", cell.source, re.M):
+                if not found.startswith("_") and found not in names:
+                    names.append(found)
+    return names, sum(notebooks.points(c) for c in notebooks.test_cells(nb))
+
+
 def course_map() -> str:
     cfg = layout.config()
     badge = f"![Open In Colab]({authoring.COLAB_BADGE})"
-    rows = ["| # | Lesson | Exercise |", "|---|---|---|"]
+    rows = ["| # | Lesson | Exercise | You write or fix (graded) |", "|---|---|---|---|"]
     assignments = set(layout.assignments())
     for lesson in layout.lessons():
         rel = lesson.relative_to(layout.ROOT).as_posix()
@@ -55,9 +69,11 @@ def course_map() -> str:
         if name in assignments:
             ex = f"exercises/{name}/{name}.ipynb"
             exercise = f"[exercise]({ex}) [{badge}]({cfg.colab_url(ex)})"
+            names, points = graded_names(name)
+            graded = f"{', '.join(f'`{n}`' for n in names)} ({points:g} points)"
         else:
-            exercise = "—"
-        rows.append(f"| {num} | {cell} | {exercise} |")
+            exercise = graded = "—"
+        rows.append(f"| {num} | {cell} | {exercise} | {graded} |")
     return "\n".join(rows)
 
 
