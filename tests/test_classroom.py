@@ -1,6 +1,6 @@
 """A simulated class graded end to end: release -> collect -> autograde -> feedback -> CSV.
 
-Seventeen students hand in chapter 01 (two of them through `zip_collect`), four hand in
+Thirty-three students hand in chapter 01 (two of them through `zip_collect`), four hand in
 chapter 02; among them every kind of broken, slow and hostile submission a real class
 produces. `python3 make.py grade-class` grades them all in one run; each test below checks
 one student's exact score and flags, so a failure names the case. Expected scores are
