@@ -31,10 +31,18 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than cores; grading, notebooks and the class simulation
-    spend part of their time waiting on kernels and subprocesses."""
+    """`-n auto`: one worker more than cores (grading, notebooks and the class simulation
+    spend part of their time waiting on kernels and subprocesses), and no more than one per
+    1.5 GiB of memory: a worker grading 06 runs a kernel and two DDP processes, each with
+    PyTorch loaded."""
     import os
-    return (os.cpu_count() or 1) + 1
+    workers = (os.cpu_count() or 1) + 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        workers = min(workers, max(1, int(memory // (1.5 * 2**30))))
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): cores decide
+        pass
+    return workers
 
 
 def pytest_configure(config):
