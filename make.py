@@ -130,7 +130,9 @@ def install_site_files(py: Path) -> None:
         for target, text in ((site_dir / source.name, source.read_text()),
                              (site_dir / f"{source.stem}.pth", f"import {source.stem}\n")):
             if not target.exists() or target.read_text() != text:
-                target.write_text(text)
+                partial = target.with_name(f".{target.name}.{os.getpid()}")
+                partial.write_text(text)
+                os.replace(partial, target)  # a Python starting meanwhile sees all or nothing
 
 
 def jupyter_env() -> dict[str, str]:

@@ -31,12 +31,16 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than cores (grading, notebooks and the class simulation
+    """`-n auto` (unless PYTEST_XDIST_AUTO_NUM_WORKERS says): one worker more than the cores this
+    process may use (grading, notebooks and the class simulation
     spend part of their time waiting on kernels and subprocesses), and no more than one per
     1.5 GiB of memory: a worker grading 06 runs a kernel and two DDP processes, each with
     PyTorch loaded."""
     import os
-    workers = (os.cpu_count() or 1) + 1
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = (cores or 1) + 1
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         workers = min(workers, max(1, int(memory // (1.5 * 2**30))))
