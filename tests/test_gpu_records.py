@@ -92,7 +92,6 @@ def test_gpu_record_coverage_is_reported(coverage_summary):
         setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
         # The setup cell picks the GPU: a heuristic that misses it finds nothing.
         assert setup in gpu_records.gpu_dependent_cells(nb), f"{path.name}: the setup cell is not found GPU-dependent"
-        assert gpu_records.shown(path, ROOT) in text
 
 
 # --------------------------------------------------------------------------------------
@@ -286,7 +285,7 @@ def test_record_check_edit_prune_and_run_alone(lesson_copies, tmp_path, capsys):
                 gpu_records.fingerprint(nb.cells[i].source)
             assert f"<summary>On {device.where()} the cell above " in block.source
             if not info["devices"]:
-                assert "CPU with no GPU" in block.source and "NVIDIA" not in device.label()
+                assert "CPU with no GPU" in block.source and "NVIDIA" not in block.source
         assert record_problems(path) == []
         # ... and stays a course notebook: nbformat 4.4 as stored, no cell ids, cell metadata
         # only tags (tests/test_notebooks_static.py), no new relative link.
