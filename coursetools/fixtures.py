@@ -42,6 +42,7 @@ class Fixture:
     loses: list[str]
     answers: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
+    alone: str = ""  # why this fixture must be graded in a notebook of its own, if it must
 
     @property
     def student_id(self) -> str:
@@ -64,6 +65,7 @@ def load(path: Path) -> Fixture:
         loses=list(data.get("loses", [])),
         answers={k: str(v).strip("\n") for k, v in data.get("answers", {}).items()},
         path=path,
+        alone=str(data.get("alone", "")).strip(),
     )
     if not fixture.description:
         raise FixtureError(f"{path}: say in `description` which misconception it is")
@@ -114,13 +116,19 @@ def solved_release(name: str, root: Path = layout.ROOT) -> NotebookNode:
 
 
 def submission(fixture: Fixture, root: Path = layout.ROOT) -> NotebookNode:
-    source = notebooks.read(layout.source_notebook(fixture.assignment, root))
+    return submission_with(fixture.assignment, fixture.answers, str(fixture.path), root)
+
+
+def submission_with(assignment: str, changed: dict[str, str], what: str = "",
+                    root: Path = layout.ROOT) -> NotebookNode:
+    """The release with the reference answers typed in, except the `changed` answer cells."""
+    source = notebooks.read(layout.source_notebook(assignment, root))
     answers = reference_answers(source)
-    unknown = sorted(set(fixture.answers) - set(answers))
+    unknown = sorted(set(changed) - set(answers))
     if unknown:
-        raise FixtureError(f"{fixture.path}: no answer cell {', '.join(unknown)}")
-    answers.update(fixture.answers)
-    return fill(notebooks.read(layout.release_notebook(fixture.assignment, root)), answers)
+        raise FixtureError(f"{what or assignment}: no answer cell {', '.join(unknown)}")
+    answers.update(changed)
+    return fill(notebooks.read(layout.release_notebook(assignment, root)), answers)
 
 
 def expected_scores(fixture: Fixture, source: NotebookNode) -> dict[str, float]:

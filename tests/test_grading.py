@@ -1,5 +1,10 @@
 """Grading through nbgrader itself: solutions score full marks, the untouched release zero,
-and every fixture submission (tests/submissions/) exactly the points it declares.
+and every fixture (tests/submissions/) exactly the points it declares.
+
+Fixtures are graded in groups (coursetools/fixture_groups.py): one submission carries the
+changed answers of several fixtures whose grades cannot mix up, checked from the notebook's
+code, so a kernel start and a run of the whole notebook serve several claims. Each fixture
+still has its own test, which checks its own `loses` cells and every cell no member loses.
 
 Each assignment's submissions are split into shards of about SHARD_SIZE; a shard is one
 scratch nbgrader course (a temporary folder, an SQLite gradebook) autograded once by its
@@ -21,16 +26,22 @@ from pathlib import Path
 
 import pytest
 
-from coursetools import fixtures, layout, notebooks
+from coursetools import fixture_groups, fixtures, layout, notebooks
 from coursetools.nbgrader_course import NbgraderCourse
 
 ASSIGNMENTS = layout.assignments()
 FIXTURES = fixtures.all_fixtures()
+GROUPS = {name: fixture_groups.groups(name, FIXTURES, notebooks.read(layout.source_notebook(name)))
+          for name in ASSIGNMENTS}
 SHARD_SIZE = 6  # submissions per nbgrader process (one costs 5.5-11 CPU-seconds, measured)
 
 
 def students_of(name: str) -> list[str]:
-    return ["solution", "untouched-release"] + [fx.student_id for fx in FIXTURES if fx.assignment == name]
+    return ["solution", "untouched-release"] + [group.student_id for group in GROUPS[name]]
+
+
+def group_of(fx: fixtures.Fixture) -> fixture_groups.Group:
+    return next(group for group in GROUPS[fx.assignment] if fx in group.members)
 
 
 def shards_of(name: str) -> list[list[str]]:
@@ -55,7 +66,8 @@ def submission_of(name: str, student: str):
         return notebooks.read(layout.source_notebook(name))
     if student == "untouched-release":
         return notebooks.read(layout.release_notebook(name))
-    return fixtures.submission(next(fx for fx in FIXTURES if fx.student_id == student and fx.assignment == name))
+    group = next(group for group in GROUPS[name] if group.student_id == student)
+    return fixtures.submission_with(name, group.answers, group.describe())
 
 
 class Shard:
@@ -196,7 +208,7 @@ def graded(shard_results, request):
 # a class to one worker as a unit, so each shard is autograded once, by the worker that runs
 # its tests.
 def _shard_class(name: str, index: int, students: list[str]) -> type:
-    fixtures_here = [fx for fx in FIXTURES if fx.assignment == name and fx.student_id in students]
+    fixtures_here = [fx for group in GROUPS[name] if group.student_id in students for fx in group.members]
 
     class Shard:
         ASSIGNMENT, SHARD = name, index
@@ -215,9 +227,13 @@ def _shard_class(name: str, index: int, students: list[str]) -> type:
         if fixtures_here:
             @pytest.mark.parametrize("fx", fixtures_here, ids=[f"{f.assignment}/{f.kind}/{f.name}" for f in fixtures_here])
             def test_fixture_submission_scores_as_declared(self, graded, fx):
-                g = graded(fx.assignment, fx.student_id)
-                expected = fixtures.expected_scores(fx, g.source)
-                assert g.scores(fx.student_id) == expected, f"{fx.description}\n" + g.explain(fx.student_id, expected)
+                group = group_of(fx)
+                g = graded(fx.assignment, group.student_id)
+                expected = group.expected_for(fx, g.source)
+                got = g.scores(group.student_id)
+                got = got if got is None else {gid: got.get(gid) for gid in expected}
+                assert got == expected, (f"{fx.description}\ngraded in {group.describe()}\n"
+                                         + g.explain(group.student_id, expected))
 
     Shard.__name__ = Shard.__qualname__ = f"TestGrading_{name}_shard{index}"
     return Shard
