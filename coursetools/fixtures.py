@@ -14,6 +14,8 @@ it replaces; every other answer cell gets the reference solution:
     '''
 
 The submission is the released notebook with these answers typed in, as a student would.
+`make.py test` grades several fixtures in one submission where their grades cannot mix up
+(coursetools/fixture_groups.py); `alone = "why"` keeps one apart.
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ def load(path: Path) -> Fixture:
         loses=list(data.get("loses", [])),
         answers={k: str(v).strip("\n") for k, v in data.get("answers", {}).items()},
         path=path,
-        alone=str(data.get("alone", "")).strip(),
+        alone=data.get("alone", ""),
     )
+    if not isinstance(fixture.alone, str):
+        raise FixtureError(f"{path}: `alone` says why the fixture must be graded by itself, as a string")
+    fixture.alone = fixture.alone.strip()
     if not fixture.description:
         raise FixtureError(f"{path}: say in `description` which misconception it is")
     if kind == "wrong" and not fixture.loses:

@@ -141,3 +141,15 @@ def test_the_course_groups_keep_every_fixture_claim_apart(name):
                     f"{other.name} can reach {fx.name}'s lost tests")
     # the point of it: fewer kernels than fixtures
     assert len(groups) < len(mine)
+
+
+def test_alone_must_say_why(tmp_path):
+    folder = tmp_path / "01_device_basics"
+    folder.mkdir()
+    path = folder / "kept_apart.toml"
+    body = 'kind = "alternative"\ndescription = "d"\n[answers]\npick_device = "def pick_device(p=None): pass"\n'
+    path.write_text('alone = true\n' + body)
+    with pytest.raises(fixtures.FixtureError, match="`alone` says why"):
+        fixtures.load(path)
+    path.write_text('alone = "  patches torch.cuda for the rest of the kernel  "\n' + body)
+    assert fixtures.load(path).alone == "patches torch.cuda for the rest of the kernel"
