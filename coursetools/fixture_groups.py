@@ -46,6 +46,8 @@ GLOBAL_CALLS = {
     "setrecursionlimit", "set_flush_denormal", "set_anomaly_enabled", "detect_anomaly",
     "setdefault", "_exit", "exit", "quit", "abort", "kill", "killpg", "signal", "register",
 }
+# ... and any call of a notebook-level object's (a module's) function named like a setter.
+GLOBAL_PREFIXES = ("set_", "register", "add_", "enable", "disable", "reset", "use_", "empty_cache")
 # Calls that mean "can end the kernel": grading alone keeps the other fixtures' cells running.
 ENDS_KERNEL = {"_exit", "exit", "quit", "abort", "kill", "killpg"}
 
@@ -192,7 +194,8 @@ def global_effects(code: str) -> list[str]:
         elif isinstance(node, ast.Call):
             parts = _dotted(node.func)
             name = parts[-1] if parts else None
-            if name in GLOBAL_CALLS and id(node) not in context_calls:
+            setter = name in GLOBAL_CALLS or ((name or "").startswith(GLOBAL_PREFIXES) and len(parts) > 1)
+            if setter and id(node) not in context_calls:
                 if isinstance(node.func, ast.Attribute) and _root(node.func) is None:
                     continue  # a method of an object made right here (torch.Generator().manual_seed)
                 if len(parts) > 1 and local_to(node, parts[0]):

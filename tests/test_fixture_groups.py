@@ -22,6 +22,8 @@ FIXTURES = fixtures.all_fixtures()
     ("def f():\n    sys.exit(1)", "can end the kernel"),
     ("def f(m):\n    setattr(nn.Module, 'to', None)", "sets an attribute of the notebook-level nn"),
     ("def f(x):\n    MODEL.weight = x", "changes MODEL.weight"),
+    ("def f(x):\n    torch.set_autocast_enabled(False)\n    return x", "calls torch.set_autocast_enabled()"),
+    ("def f(cls):\n    torch.serialization.add_safe_globals([cls])", "calls torch.serialization.add_safe_globals()"),
 ])
 def test_global_effects_are_found(code, flagged):
     effects = fixture_groups.global_effects(code)
@@ -35,6 +37,7 @@ def test_global_effects_are_found(code, flagged):
     "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.w = nn.Parameter(torch.ones(2))",
     "def f(m, name, t):\n    setattr(m, name, t)\n    return m",
     "def f(p):\n    p.kill()",
+    "def f(model, t):\n    model.register_buffer('stats', t)\n    return model",
 ])
 def test_local_work_is_not_a_global_effect(code):
     assert fixture_groups.global_effects(code) == []
