@@ -360,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="folder for gpu-report.md/.json and logs (default: test-artifacts/)")
     args = parser.parse_args(argv)
+    if (args.prune or args.coverage) and (args.record or args.record_any_device):
+        print("error: --prune and --coverage only edit or list the lessons and exit; run --record on "
+              "its own (it replaces the records of the cells it runs). Nothing was run or written.",
+              file=sys.stderr)
+        return 2
     if args.prune or args.coverage:
         if args.prune:
             print("\n".join(prune_files(_lesson_files(args.only))))

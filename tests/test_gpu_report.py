@@ -99,3 +99,14 @@ def test_a_time_limit_stops_pytest_and_reports_what_finished(tmp_path, monkeypat
     assert summary.startswith("stopped at the 10 s limit") and "1 passed" in summary and "1 failed" in summary, summary
     # (had the limit not stopped it, pytest would have printed its own summary line instead)
     assert any("test_b_fails" in t for t in report["tests"]["failed"]), report["tests"]["failed"]
+
+
+def test_record_with_prune_or_coverage_is_refused_before_anything_runs(capsys, monkeypatch):
+    ran = []
+    monkeypatch.setattr(gpu_report, "prune_files", lambda paths: ran.append("prune") or [])
+    monkeypatch.setattr(gpu_report, "machine", lambda: ran.append("machine") or CPU_ONLY)
+    for flags in (["--record", "--prune"], ["--record-any-device", "--coverage"]):
+        assert gpu_report.main(flags) == 2
+        err = capsys.readouterr().err
+        assert "run --record on its own" in err and "Nothing was run or written" in err
+    assert ran == []
