@@ -25,7 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coursetools import layout
+from coursetools import cellcode, layout
+from coursetools.gpu_records import RECORD_TAG
 
 RULE_TAG = "rule"
 RULE_PREFIX = "**Rule:**"
@@ -94,14 +95,6 @@ def first_sentence(text: str) -> str | None:
     return None
 
 
-def _has_assert(source: str) -> bool:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return "assert " in source  # a cell with magics: fall back to the text
-    return any(isinstance(node, ast.Assert) for node in ast.walk(tree))
-
-
 def _section(headings: list[tuple[int, str]]) -> str:
     """'§N title' from the headings seen so far: N from the last numbered level-2 heading,
     the title from the last heading of level 2 or 3."""
@@ -134,15 +127,15 @@ def read_rules(path: Path) -> tuple[list[Rule], list[str]]:
             code_count += 1
             if pending is not None:
                 at, sentence, section = pending
-                if _has_assert(text):
+                if cellcode.has_assert(text):
                     rules.append(Rule(chapter, path.name, sentence, section, code_count))
                 else:
                     problems.append(f"{path.name} cell {at}: its proof, code cell [{code_count}] "
                                     f"(cell {i}), has no assert")
                 pending = None
             continue
-        if cell["cell_type"] != "markdown":
-            continue
+        if cell["cell_type"] != "markdown" or RECORD_TAG in cell.get("metadata", {}).get("tags", []):
+            continue  # a recorded GPU output is not part of the lesson's outline
         for line in text.splitlines():
             match = re.match(r"^(#{1,3})\s+(.*\S)", line)
             if match:
@@ -178,8 +171,8 @@ def read_index(path: Path) -> list[ErrorRow]:
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        tree = ast.parse(cell_text(cell))
-        for node in tree.body:
+        tree = cellcode.parse(cell_text(cell))
+        for node in tree.body if tree is not None else []:
             if (isinstance(node, ast.Assign) and len(node.targets) == 1
                     and isinstance(node.targets[0], ast.Name) and node.targets[0].id == INDEX_NAME):
                 return [ErrorRow(message, pattern, list(chapters), cause, fix)
@@ -246,8 +239,8 @@ def _notebook_json(nb: dict) -> str:
 def build(root: Path = layout.ROOT) -> Build:
     result = Build()
     course = root / "course"
-    lessons = {p.name[:2]: p.name for p in sorted(course.glob("[0-9][0-9]_*.ipynb"))}
-    for path in sorted(course.glob("[0-9][0-9]_*.ipynb")):
+    lessons = {p.name[:2]: p.name for p in layout.lessons(root)}
+    for path in layout.lessons(root):
         rules, problems = read_rules(path)
         result.rules += rules
         result.problems += problems

@@ -33,7 +33,7 @@ from functools import cached_property
 
 from nbformat import NotebookNode
 
-from . import notebooks
+from . import cellcode, notebooks
 from .fixtures import Fixture, expected_scores, reference_answers
 
 # Calls that change what every later cell sees (by their last dotted parts).
@@ -52,43 +52,10 @@ GLOBAL_PREFIXES = ("set_", "register", "add_", "enable", "disable", "reset", "us
 ENDS_KERNEL = {"_exit", "exit", "quit", "abort", "kill", "killpg"}
 
 
-def parse(code: str) -> ast.Module | None:
-    """The cell's code as Python (IPython magics turned into calls first); None if it is not."""
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-        code = TransformerManager().transform_cell(code)
-    except Exception:  # noqa: BLE001 - without IPython, plain Python still parses
-        pass
-    try:
-        return ast.parse(code)
-    except SyntaxError:
-        return None
-
-
-def _dotted(node: ast.AST) -> list[str]:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return parts[::-1]
-
-
 def _root(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
-
-
-def _bound(target: ast.AST) -> set[str]:
-    if isinstance(target, ast.Name):
-        return {target.id}
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return set().union(*(_bound(t) for t in target.elts)) if target.elts else set()
-    if isinstance(target, ast.Starred):
-        return _bound(target.value)
-    return set()
 
 
 def _top_level(tree: ast.Module) -> tuple[set[str], set[str]]:
@@ -106,13 +73,13 @@ def _top_level(tree: ast.Module) -> tuple[set[str], set[str]]:
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Assign):
                     for t in sub.targets:
-                        data.update(_bound(t))
+                        data.update(cellcode.bound_names(t))
                 elif isinstance(sub, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
-                    data.update(_bound(sub.target))
+                    data.update(cellcode.bound_names(sub.target))
                 elif isinstance(sub, (ast.For, ast.AsyncFor, ast.comprehension)):
-                    data.update(_bound(sub.target))
+                    data.update(cellcode.bound_names(sub.target))
                 elif isinstance(sub, ast.withitem) and sub.optional_vars is not None:
-                    data.update(_bound(sub.optional_vars))
+                    data.update(cellcode.bound_names(sub.optional_vars))
                 elif isinstance(sub, ast.ExceptHandler) and sub.name:
                     data.add(sub.name)
             for inner in ("body", "orelse", "finalbody", "handlers"):
@@ -138,7 +105,7 @@ def _used(tree: ast.Module) -> set[str]:
                 visit(child, inner)
             return
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            bound = bound | set().union(*(_bound(g.target) for g in node.generators))
+            bound = bound | {n for g in node.generators for n in cellcode.bound_names(g.target)}
         if isinstance(node, ast.Name) and node.id not in bound:
             out.add(node.id)
         for child in ast.iter_child_nodes(node):
@@ -150,9 +117,7 @@ def _used(tree: ast.Module) -> set[str]:
 
 
 def _locals_of(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
-    args = fn.args
-    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
-    names.update(a.arg for a in (args.vararg, args.kwarg) if a is not None)
+    names = cellcode.params(fn)
     for sub in ast.walk(fn):
         if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
             names.add(sub.id)
@@ -167,7 +132,7 @@ def _locals_of(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[s
 
 def global_effects(code: str) -> list[str]:
     """What in an answer's code may change state every later cell shares, or end the kernel."""
-    tree = parse(code)
+    tree = cellcode.parse(code)
     if tree is None:
         return ["its code is not valid Python"]
     own = set().union(*_top_level(tree))
@@ -192,7 +157,7 @@ def global_effects(code: str) -> list[str]:
         if isinstance(node, (ast.Global, ast.Nonlocal)):
             found.append(f"rebinds {', '.join(node.names)} for the whole notebook (`global`)")
         elif isinstance(node, ast.Call):
-            parts = _dotted(node.func)
+            parts = cellcode.dotted(node.func).split(".") if cellcode.dotted(node.func) else []
             name = parts[-1] if parts else None
             setter = name in GLOBAL_CALLS or ((name or "").startswith(GLOBAL_PREFIXES) and len(parts) > 1)
             if setter and id(node) not in context_calls:
@@ -245,7 +210,7 @@ class Analysis:
         for _kind, gid, codes in self._cells:
             defines, data, used = set(), set(), set()
             for code in codes:
-                tree = parse(code)
+                tree = cellcode.parse(code)
                 if tree is None:
                     continue
                 c, d = _top_level(tree)
@@ -281,7 +246,7 @@ class Analysis:
         notebook-level variable they use (which they might change)."""
         touched_data = set()
         for gid in fixture.answers:
-            tree = parse(fixture.answers[gid])
+            tree = cellcode.parse(fixture.answers[gid])
             if tree is not None:
                 touched_data |= _used(tree) & self.data_names
         out = set()

@@ -48,6 +48,8 @@ from pathlib import Path
 
 from nbformat import NotebookNode, v4
 
+from . import cellcode
+
 RECORD_TAG = "gpu-record"        # a record block (markdown)
 FORCE_TAG = "gpu-output"         # a code cell that is GPU-dependent whatever its source says
 EXCLUDE_TAG = "no-gpu-record"    # a code cell never recorded
@@ -74,25 +76,6 @@ def _tags(cell: NotebookNode) -> list[str]:
     return list(cell.get("metadata", {}).get("tags", []) or [])
 
 
-def _parseable(source: str) -> ast.Module | None:
-    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
-    try:
-        return ast.parse("\n".join(lines))
-    except SyntaxError:
-        return None
-
-
-def _dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
-
-
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
@@ -109,17 +92,6 @@ def _top_level(node: ast.AST):
         todo.extend(reversed(list(ast.iter_child_nodes(sub))))  # in source order
 
 
-def _bound_names(target: ast.AST) -> list[str]:
-    """The names an assignment target binds (`a`, `a, (b, *c)`), not `a.x` or `a[0]`."""
-    if isinstance(target, ast.Name):
-        return [target.id]
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return [n for e in target.elts for n in _bound_names(e)]
-    if isinstance(target, ast.Starred):
-        return _bound_names(target.value)
-    return []
-
-
 def _locals(nodes: list[ast.AST]) -> frozenset[str]:
     """Comprehension variables and lambda parameters among `nodes`: local names."""
     found: set[str] = set()
@@ -127,14 +99,8 @@ def _locals(nodes: list[ast.AST]) -> frozenset[str]:
         if isinstance(sub, ast.comprehension):
             found |= {n.id for n in ast.walk(sub.target) if isinstance(n, ast.Name)}
         elif isinstance(sub, ast.Lambda):
-            found |= _params(sub)
+            found |= cellcode.params(sub)
     return frozenset(found)
-
-
-def _params(fn: ast.AST) -> set[str]:
-    args = fn.args  # type: ignore[attr-defined]
-    every = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
-    return {a.arg for a in every}
 
 
 class _Facts:
@@ -150,7 +116,7 @@ class _Facts:
         """Why one of `nodes` touches the machine, or None."""
         for sub in nodes:
             if isinstance(sub, ast.Call):
-                name = _dotted(sub.func)
+                name = cellcode.dotted(sub.func)
                 if name.startswith(PROBE_PREFIXES):
                     return f"calls {name}()"
                 if name in self.functions and name not in shadow:
@@ -167,7 +133,7 @@ class _Facts:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and sub.id in self.names and sub.id not in shadow:
                 return True
-            if isinstance(sub, ast.Call) and _dotted(sub.func).startswith(PROBE_PREFIXES):
+            if isinstance(sub, ast.Call) and cellcode.dotted(sub.func).startswith(PROBE_PREFIXES):
                 return True
         return False
 
@@ -175,7 +141,7 @@ class _Facts:
         """Is `node` a machine fact itself (a device, a flag, a name or count of devices),
         rather than something computed with one (a tensor on the device)?"""
         if isinstance(node, ast.Call):
-            name = _dotted(node.func)
+            name = cellcode.dotted(node.func)
             if name.startswith(PROBE_PREFIXES):
                 return True
             return name == "torch.device" and any(
@@ -240,7 +206,7 @@ class _Facts:
     def _statements(self, body: list[ast.stmt], under_fact: bool) -> None:
         for node in body:
             if isinstance(node, _SCOPES):
-                shadow = frozenset(_params(node))
+                shadow = frozenset(cellcode.params(node))
                 inside = [n for stmt in node.body for n in ast.walk(stmt)]
                 if self.probe(inside, shadow) or self.branches(inside, shadow):
                     self.functions.add(node.name)
@@ -254,7 +220,7 @@ class _Facts:
                 fact = under_fact or self.device_valued(value) or (
                     isinstance(node, ast.AugAssign) and self.device_valued(node.target))
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for name in (n for t in targets for n in _bound_names(t)):
+                for name in (n for t in targets for n in cellcode.bound_names(t)):
                     (self.names.add if fact else self.names.discard)(name)
             for sub in _top_level(node):  # walrus assignments anywhere in the statement
                 if isinstance(sub, ast.NamedExpr) and (under_fact or self.device_valued(sub.value)):
@@ -290,7 +256,7 @@ def gpu_dependent_cells(nb: NotebookNode) -> dict[int, str]:
         if cell.cell_type != "code" or not cell.source.strip():
             continue
         tags = _tags(cell)
-        tree = _parseable(cell.source)
+        tree = cellcode.parse(cell.source)
         why = None
         if tree is not None:
             facts.learn(tree)

@@ -193,3 +193,23 @@ def test_section_reference_from_the_headings():
     assert cheatsheet._section([(1, "00 · Title"), (2, "4. The same-device rule")]) == "§4 The same-device rule"
     assert cheatsheet._section([(2, "2. Perf"), (3, "2.7 Sync points")]) == "§2.7 Sync points"
     assert cheatsheet._section([(2, "2. Rows"), (3, "Row 8 · DataLoader")]) == "§2 Row 8 · DataLoader"
+
+
+def test_magics_and_recorded_gpu_blocks_change_nothing(copy):
+    """An IPython %magic in one of 08's code cells, and a recorded GPU block whose text has a
+    '#' line, leave the sheet as it was (the index reader parses magics as IPython does; a
+    record is not part of the lesson's outline)."""
+    def add_magic(cells):
+        cell = next(c for c in cells if c["cell_type"] == "code" and not text(c).startswith("# The error index"))
+        cell["source"] = "%time 1 + 1\n" + text(cell)
+    edit(copy / "course" / "08_troubleshooting.ipynb", add_magic)
+
+    def add_block(cells):  # just before 02's second rule: its section must not change
+        second = rule_cells(cells)[1]
+        cells.insert(second, {"cell_type": "markdown", "id": "recorded-block", "source": "## 99. Not a section\n",
+                              "metadata": {"tags": ["gpu-record"]}})
+    edit(copy / "course" / "02_to_semantics.ipynb", add_block)
+    result = cheatsheet.build(copy)
+    assert not result.problems, result.problems
+    assert "§99" not in result.outputs[copy / cheatsheet.SHEET]
+    assert cheatsheet.out_of_sync(result) == []

@@ -8,7 +8,7 @@ import textwrap
 import nbformat
 import pytest
 
-from coursetools import fixture_groups, fixtures, layout, notebooks
+from coursetools import cellcode, fixture_groups, fixtures, layout, notebooks
 
 FIXTURES = fixtures.all_fixtures()
 
@@ -44,7 +44,7 @@ def test_local_work_is_not_a_global_effect(code):
 
 
 def test_names_read_are_free_names_only():
-    tree = fixture_groups.parse(textwrap.dedent("""
+    tree = cellcode.parse(textwrap.dedent("""
         import torch
         LIMIT = 3
         def f(x, device=DEFAULT):
