@@ -11,12 +11,24 @@ A group is only formed where the grades cannot mix up (checked here, from the no
 code, before anything runs):
 
 * the members replace different answer cells, and lose different test cells;
-* no test cell that one member loses can see another member's answer: the test does not use,
-  directly or through the cells it calls, a name any other member's answer cell defines,
-  nor a notebook-level variable that other answer reads or writes (it might change it);
-* no member changes state the whole kernel shares (the default device or dtype, a random
-  seed, an environment variable, a global, a module's attribute, ...) or can end the kernel;
-  such a fixture is graded alone, as is one whose TOML says `alone = "why"`.
+* no test cell that one member loses can see another member's answer. A test sees an answer
+  when it uses, directly or through the cells it calls, a name the answer cell defines (also
+  by a string: `eval("f(x)")`, `%timeit f(x)`, `globals()["f"]`), or a notebook-level object
+  the answer could change: a variable the answer, a cell it calls, or a cell that calls it
+  (and may hand it over) uses, or a class whose attributes the answer touches. Variables only
+  ever bound to constants, strings, dtypes or devices cannot change and do not count;
+* no member changes state the whole kernel shares (the default device or dtype, a seed, RNG
+  state, `os.environ`, a `global`, a module's or a class's attribute, a name it deletes, a
+  setter called through an import alias, a decorator or getattr, names reached by
+  globals()/eval/exec) or can end the kernel; such a fixture is graded alone, as is one whose
+  TOML says `alone = "why"`.
+
+What static reading cannot see: a wrong answer that hangs or crashes the kernel uses the
+submission's time budget and restarts for every member, and code that reaches shared state
+by ways not listed above. Mostly that makes cells no member loses score 0, so the tests fail
+and name the group (then mark the fixture `alone`); but it could also zero another member's
+lost cell for the wrong reason and hide that member's mistake. No fixture of the course does
+either today (each passed graded alone before groups existed); `author-check` grades alone.
 
 Then a group proves, for each member, what its own submission proves: its `loses` test
 cells score 0, because nothing but its own answer reaches them; the test cells no member
@@ -28,6 +40,7 @@ is, for the cells it reaches, in the notebook a student with only that mistake w
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -50,6 +63,10 @@ GLOBAL_CALLS = {
 GLOBAL_PREFIXES = ("set_", "register", "add_", "enable", "disable", "reset", "use_", "empty_cache")
 # Calls that mean "can end the kernel": grading alone keeps the other fixtures' cells running.
 ENDS_KERNEL = {"_exit", "exit", "quit", "abort", "kill", "killpg"}
+# Names that reach the notebook's namespace (or modules) by strings, past any static reading.
+DYNAMIC = {"globals", "vars", "locals", "eval", "exec", "compile", "__import__", "importlib", "builtins"}
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
 
 def _root(node: ast.AST) -> str | None:
@@ -58,76 +75,153 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _top_level(tree: ast.Module) -> tuple[set[str], set[str]]:
-    """(code names: def, class, import; data names: everything else bound) at notebook level."""
-    code, data = set(), set()
-
-    def visit(body):
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                code.add(node.name)
-                continue
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                code.update((a.asname or a.name).split(".")[0] for a in node.names)
-                continue
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Assign):
-                    for t in sub.targets:
-                        data.update(cellcode.bound_names(t))
-                elif isinstance(sub, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
-                    data.update(cellcode.bound_names(sub.target))
-                elif isinstance(sub, (ast.For, ast.AsyncFor, ast.comprehension)):
-                    data.update(cellcode.bound_names(sub.target))
-                elif isinstance(sub, ast.withitem) and sub.optional_vars is not None:
-                    data.update(cellcode.bound_names(sub.optional_vars))
-                elif isinstance(sub, ast.ExceptHandler) and sub.name:
-                    data.add(sub.name)
-            for inner in ("body", "orelse", "finalbody", "handlers"):
-                if isinstance(node, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
-                    visit([n for n in getattr(node, inner, []) if isinstance(n, ast.stmt)])
-
-    visit(tree.body)
-    return code, data
-
-
-def _used(tree: ast.Module) -> set[str]:
-    """Names the cell reads from the notebook: free in its functions (not their parameters
-    or locals), and read at top level but not bound by the cell itself."""
-    out: set[str] = set()
-
-    def visit(node: ast.AST, bound: frozenset[str]) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            for outer in [*getattr(node, "decorator_list", []), *node.args.defaults,
-                          *(d for d in node.args.kw_defaults if d is not None)]:
-                visit(outer, bound)
-            inner = bound | _locals_of(node)
-            for child in (node.body if isinstance(node.body, list) else [node.body]):
-                visit(child, inner)
-            return
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            bound = bound | {n for g in node.generators for n in cellcode.bound_names(g.target)}
-        if isinstance(node, ast.Name) and node.id not in bound:
-            out.add(node.id)
-        for child in ast.iter_child_nodes(node):
-            visit(child, bound)
-
-    code, data = _top_level(tree)
-    visit(tree, frozenset(code | data))
+def _imports(node: ast.Import | ast.ImportFrom) -> dict[str, str]:
+    """alias -> what it names: `import torch.nn as nn` {'nn': 'torch.nn'}, `import os.path`
+    {'os': 'os'}, `from torch import manual_seed as ms` {'ms': 'torch.manual_seed'}."""
+    out = {}
+    for alias in node.names:
+        if isinstance(node, ast.ImportFrom):
+            out[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}".lstrip(".")
+        elif alias.asname:
+            out[alias.asname] = alias.name
+        else:
+            out[alias.name.split(".")[0]] = alias.name.split(".")[0]
     return out
 
 
-def _locals_of(fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
-    names = cellcode.params(fn)
-    for sub in ast.walk(fn):
-        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-            names.add(sub.id)
-        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub is not fn:
-            names.add(sub.name)
-        elif isinstance(sub, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in sub.names)
-        elif isinstance(sub, ast.ExceptHandler) and sub.name:
-            names.add(sub.name)
-    return names
+def _own_statements(body: list[ast.AST]):
+    """Every node of a scope's body, not entering nested functions, lambdas or classes (those
+    are yielded themselves: their names, decorators and defaults belong to this scope)."""
+    todo = list(reversed(body))
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, _SCOPES):
+            outer = [*getattr(node, "decorator_list", []), *getattr(node, "bases", []),
+                     *getattr(node, "keywords", [])]
+            if not isinstance(node, ast.ClassDef):
+                outer += [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+            todo.extend(reversed(outer))
+            continue
+        todo.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def _bindings(body: list[ast.AST]) -> tuple[set[str], dict[str, str]]:
+    """(variables, imports) one scope binds: assignment and loop targets, `with ... as`,
+    `except ... as`, walrus, the names of the functions and classes it defines; imports apart,
+    alias -> module (a module is shared by the whole kernel, never a scope's own object)."""
+    variables: set[str] = set()
+    imports: dict[str, str] = {}
+    for node in _own_statements(body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports.update(_imports(node))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            variables.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            variables.add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            variables.add(node.name)
+    return variables, imports
+
+
+def _scope_body(node: ast.AST) -> list[ast.AST]:
+    return node.body if isinstance(getattr(node, "body", None), list) else [node.body]
+
+
+def _top_level(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(code names: def, class, import; data names: the other names bound) of a cell."""
+    variables, imports = _bindings(tree.body)
+    code = set(imports)
+    for node in _own_statements(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            code.add(node.name)
+    return code, variables - code
+
+
+def _class_names(tree: ast.Module) -> set[str]:
+    return {n.name for n in _own_statements(tree.body) if isinstance(n, ast.ClassDef)}
+
+
+def _strings_read_as_code(tree: ast.AST) -> set[str]:
+    """Identifiers in the strings a cell hands to eval/exec/compile or to an IPython magic
+    (`%timeit f(x)` becomes run_line_magic('timeit', 'f(x)')): names read past the syntax tree."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in {"eval", "exec", "compile", "run_line_magic", "run_cell_magic"}:
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        found |= set(_IDENTIFIER.findall(arg.value))
+    return found
+
+
+def _name_strings(tree: ast.AST) -> set[str]:
+    """Strings that are one identifier (`globals()["f"]`, `getattr(module, "f")`): a way to
+    reach a function by its name."""
+    return {node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier()}
+
+
+def _immutable(value: ast.AST) -> bool:
+    """A value no cell can change in place: a constant, a string built from constants, a
+    tuple of such, a dtype or other attribute of a module, torch.device(...)."""
+    if isinstance(value, (ast.Constant, ast.JoinedStr)):
+        return True
+    if isinstance(value, ast.Tuple):
+        return all(_immutable(e) for e in value.elts)
+    if isinstance(value, ast.BinOp):
+        return _immutable(value.left) and _immutable(value.right)
+    if isinstance(value, ast.Attribute):
+        return bool(cellcode.dotted(value))  # torch.float32, math.pi
+    if isinstance(value, ast.Call):
+        name = cellcode.dotted(value.func)
+        return name in {"torch.device", "torch.Size", "textwrap.dedent", "str", "int", "float", "bool",
+                        "tuple", "frozenset", "len", "repr", "dedent"}
+    return False
+
+
+def _immutable_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names the cell binds only to immutable values, names it binds otherwise), at top level."""
+    fixed, other = set(), set()
+    for node in _own_statements(tree.body):
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            (fixed if _immutable(node.value) else other).update(t.id for t in node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.With, ast.NamedExpr, ast.Assign)):
+            targets = [node.target] if hasattr(node, "target") else getattr(node, "targets", [])
+            for item in getattr(node, "items", []):
+                targets.append(item.optional_vars)
+            other.update(n for t in targets if t is not None for n in cellcode.bound_names(t))
+    return fixed, other
+
+
+def _used(tree: ast.Module) -> set[str]:
+    """Names the cell reads from the notebook: free in its functions (not their parameters or
+    locals), read at top level but not bound by the cell itself, and named in strings read as
+    code (see _strings_read_as_code)."""
+    out: set[str] = set()
+
+    in_comprehension = set()  # Name nodes that read a comprehension's own variable
+    for comp in ast.walk(tree):
+        if isinstance(comp, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            own = {n for g in comp.generators for n in cellcode.bound_names(g.target)}
+            in_comprehension |= {id(n) for n in ast.walk(comp) if isinstance(n, ast.Name) and n.id in own}
+
+    def visit(body: list[ast.AST], bound: frozenset[str]) -> None:
+        for node in _own_statements(body):
+            if isinstance(node, ast.Name) and node.id not in bound and id(node) not in in_comprehension:
+                out.add(node.id)
+            if isinstance(node, _SCOPES):
+                variables, imports = _bindings(_scope_body(node))
+                inner = bound | variables | set(imports)
+                if not isinstance(node, ast.ClassDef):
+                    inner |= cellcode.params(node)
+                visit(_scope_body(node), frozenset(inner))
+
+    code, data = _top_level(tree)
+    visit(tree.body, frozenset(code | data))
+    return out | (_strings_read_as_code(tree) - code - data)
 
 
 def global_effects(code: str) -> list[str]:
@@ -135,46 +229,69 @@ def global_effects(code: str) -> list[str]:
     tree = cellcode.parse(code)
     if tree is None:
         return ["its code is not valid Python"]
-    own = set().union(*_top_level(tree))
-    found: list[str] = []
-    scopes: list[tuple[ast.AST, set[str]]] = [(tree, own)]
-    for fn in ast.walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            scopes.append((fn, _locals_of(fn)))
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    top_variables, imports = _bindings(tree.body)
+    scopes: dict[ast.AST, set[str]] = {tree: top_variables}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            variables, local_imports = _bindings(_scope_body(node))
+            scopes[node] = (variables | cellcode.params(node)) - set(local_imports)
+            imports.update(local_imports)
 
     def local_to(node: ast.AST, name: str | None) -> bool:
-        # the innermost function (or the cell) that contains node binds name itself
-        best = None
-        for scope, names in scopes:
-            if any(sub is node for sub in ast.walk(scope)):
-                if best is None or any(sub is scope for sub in ast.walk(best[0])):
-                    best = (scope, names)
-        return name is not None and best is not None and name in best[1]
+        """name is a variable of a function around node (or of the cell), not a module."""
+        while name is not None and node is not None:
+            if node in scopes and name in scopes[node]:
+                return True
+            node = parents.get(node)
+        return False
+
+    def resolved(func: ast.AST) -> list[str]:
+        parts = cellcode.dotted(func).split(".") if cellcode.dotted(func) else []
+        if parts and parts[0] in imports and not local_to(func, parts[0]):
+            parts = imports[parts[0]].split(".") + parts[1:]
+        return parts
+
+    def setter(func: ast.AST, node: ast.AST) -> str | None:
+        parts = resolved(func)
+        name = parts[-1] if parts else None
+        if not (name in GLOBAL_CALLS or ((name or "").startswith(GLOBAL_PREFIXES) and len(parts) > 1)):
+            return None
+        if isinstance(func, ast.Attribute) and _root(func) is None:
+            return None  # a method of an object made right here (torch.Generator().manual_seed)
+        if local_to(node, cellcode.dotted(func).split(".")[0]) and isinstance(func, ast.Attribute):
+            return None  # a method of a local object (a dict's setdefault, ...)
+        return f"calls {'.'.join(parts)}()" + (" (can end the kernel)" if name in ENDS_KERNEL else "")
 
     context_calls = {id(item.context_expr) for n in ast.walk(tree) if isinstance(n, (ast.With, ast.AsyncWith))
                      for item in n.items}
+    found: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Global, ast.Nonlocal)):
             found.append(f"rebinds {', '.join(node.names)} for the whole notebook (`global`)")
-        elif isinstance(node, ast.Call):
-            parts = cellcode.dotted(node.func).split(".") if cellcode.dotted(node.func) else []
-            name = parts[-1] if parts else None
-            setter = name in GLOBAL_CALLS or ((name or "").startswith(GLOBAL_PREFIXES) and len(parts) > 1)
-            if setter and id(node) not in context_calls:
-                if isinstance(node.func, ast.Attribute) and _root(node.func) is None:
-                    continue  # a method of an object made right here (torch.Generator().manual_seed)
-                if len(parts) > 1 and local_to(node, parts[0]):
-                    continue  # a method of a local object (a dict's setdefault, ...)
-                found.append(f"calls {'.'.join(parts)}()" + (" (can end the kernel)" if name in ENDS_KERNEL else ""))
-            elif name == "setattr" and node.args and not local_to(node, _root(node.args[0])):
-                found.append(f"sets an attribute of the notebook-level {_root(node.args[0])}")
+        elif isinstance(node, ast.Call) and id(node) not in context_calls:
+            why = setter(node.func, node)
+            if why:
+                found.append(why)
+            elif isinstance(node.func, ast.Call) and cellcode.dotted(node.func.func) == "getattr":
+                found.append("calls a function it looked up by name (getattr(...)(...))")
+            elif cellcode.dotted(node.func) == "setattr" and node.args and not local_to(node, _root(node.args[0])):
+                found.append(f"sets an attribute of {ast.unparse(node.args[0])}, which is not its own")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for decorator in node.decorator_list:  # @atexit.register runs register(f)
+                why = None if isinstance(decorator, ast.Call) else setter(decorator, node)
+                if why:
+                    found.append(f"{why} as a decorator")
+        elif isinstance(node, ast.Name) and node.id in DYNAMIC and not local_to(node, node.id):
+            found.append(f"uses {node.id}: names reached by strings cannot be followed")
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:
-                if isinstance(target, (ast.Attribute, ast.Subscript)):
-                    root = _root(target)
-                    if root is not None and not local_to(node, root):
-                        found.append(f"changes {ast.unparse(target)}, a notebook-level object")
+                root = _root(target)
+                if isinstance(target, (ast.Attribute, ast.Subscript)) and not local_to(node, root):
+                    found.append(f"changes {ast.unparse(target)}, an object that is not its own")
+                elif isinstance(node, ast.Delete) and isinstance(target, ast.Name) and not local_to(node, target.id):
+                    found.append(f"deletes {target.id}, a name of the notebook")
     return list(dict.fromkeys(found))
 
 
@@ -184,6 +301,12 @@ class Analysis:
 
     source: NotebookNode
     fixtures: list[Fixture]
+    _reached: dict = field(default_factory=dict, init=False, repr=False)
+    _strings: dict = field(default_factory=dict, init=False, repr=False)
+    _fixed: set = field(default_factory=set, init=False, repr=False)
+    _changing: set = field(default_factory=set, init=False, repr=False)
+    _classes: set = field(default_factory=set, init=False, repr=False)
+    _alone: dict = field(default_factory=dict, init=False, repr=False)
 
     @cached_property
     def _cells(self) -> list[tuple[str, str, list[str]]]:
@@ -205,7 +328,7 @@ class Analysis:
 
     @cached_property
     def _names(self) -> dict[str, tuple[set[str], set[str], set[str]]]:
-        """cell id -> (names it defines, data names it binds, names it uses)."""
+        """cell id -> (names it defines, variables it binds, names it uses)."""
         out = {}
         for _kind, gid, codes in self._cells:
             defines, data, used = set(), set(), set()
@@ -217,53 +340,92 @@ class Analysis:
                 defines |= c | d
                 data |= d
                 used |= _used(tree)
+                self._strings[gid] = self._strings.get(gid, set()) | _name_strings(tree)
+                fixed, other = _immutable_names(tree)
+                self._fixed |= fixed
+                self._changing |= other | (d - fixed)
+                self._classes |= _class_names(tree)
             out[gid] = (defines, data, used)
         return out
 
     @cached_property
-    def data_names(self) -> set[str]:
-        return set().union(*(d for _, d, _ in self._names.values()))
+    def shared_names(self) -> set[str]:
+        """Notebook-level variables that may hold an object a cell can change in place for the
+        cells after it (not those only ever bound to a constant, a string, a dtype, a device)."""
+        names = set().union(*(d for _, d, _ in self._names.values()))
+        return names - (self._fixed - self._changing)
 
-    def reach(self, gid: str) -> tuple[set[str], set[str]]:
-        """(cells, notebook-level data names) that cell gid depends on, itself included."""
-        definers: dict[str, set[str]] = {}
+    @cached_property
+    def _answer_names(self) -> set[str]:
+        return set().union(*(self._names[gid][0] for kind, gid, _ in self._cells if kind == "answer"))
+
+    @cached_property
+    def _definers(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
         for cell, (defines, _, _) in self._names.items():
             for name in defines:
-                definers.setdefault(name, set()).add(cell)
-        seen, todo, data = {gid}, [gid], set()
-        while todo:
-            used = self._names[todo.pop()][2]
-            data |= used & self.data_names
-            for name in used:
-                for cell in definers.get(name, ()):
-                    if cell not in seen:
-                        seen.add(cell)
-                        todo.append(cell)
-        return seen, data
-
-    def tests_seen_by(self, fixture: Fixture) -> set[str]:
-        """Test cells one fixture's answers can reach: by a name those answers define, or by a
-        notebook-level variable they use (which they might change)."""
-        touched_data = set()
-        for gid in fixture.answers:
-            tree = cellcode.parse(fixture.answers[gid])
-            if tree is not None:
-                touched_data |= _used(tree) & self.data_names
-        out = set()
-        for kind, gid, _ in self._cells:
-            if kind != "test":
-                continue
-            cells, data = self.reach(gid)
-            if cells & set(fixture.answers) or data & touched_data:
-                out.add(gid)
+                out.setdefault(name, set()).add(cell)
         return out
 
+    def reach(self, gid: str, used: set[str] | None = None,
+              opaque: frozenset[str] = frozenset()) -> tuple[frozenset[str], frozenset[str]]:
+        """(cells, shared names) that cell gid depends on, itself included: the cells defining
+        the names it uses (or `used`, for one fixture's version of an answer cell), theirs, and
+        so on; `opaque` cells are reached but not read (a fixture's own cells: their code is
+        the fixture's, read apart)."""
+        if used is None and not opaque and gid in self._reached:
+            return self._reached[gid]
+        seen, todo, shared, first = {gid}, [gid], set(), used
+        while todo:
+            cell = todo.pop()
+            if cell in opaque and first is None:
+                continue
+            names = first if first is not None else (
+                self._names[cell][2] | (self._strings.get(cell, set()) & self._answer_names))
+            first = None
+            shared |= names & self.shared_names
+            for name in names:
+                for other in self._definers.get(name, ()):
+                    if other not in seen:
+                        seen.add(other)
+                        todo.append(other)
+        if used is not None or opaque:
+            return frozenset(seen), frozenset(shared)
+        self._reached[gid] = frozenset(seen), frozenset(shared)
+        return self._reached[gid]
+
+    def tests_seen_by(self, fixture: Fixture) -> set[str]:
+        """Test cells one fixture's answers can reach: through the names its answer cells
+        define, or through a shared object (a notebook-level variable or class) it can get hold
+        of and change: one its answers use, directly or through the cells they call, or one a
+        cell calling its answers uses (it may hand it over as an argument)."""
+        mine = set(fixture.answers)
+        callers = [gid for _kind, gid, _ in self._cells if gid not in mine and self.reach(gid)[0] & mine]
+        touched = set().union(*(self.reach(gid, opaque=frozenset(mine))[1] for gid in callers))
+        for gid, code in fixture.answers.items():  # its own code, and the cells that code calls
+            tree = cellcode.parse(code)
+            used = (_used(tree) | (_name_strings(tree) & self._answer_names)) if tree is not None else set()
+            cells, shared = self.reach(gid, used)
+            touched |= shared  # ... and their variables (a helper may change them)
+            touched |= set().union(*(self._names[c][1] for c in cells - mine)) & self.shared_names
+        touched_classes = set()  # `Registry.items.append(x)`: a notebook class's own state
+        for code in fixture.answers.values():
+            tree = cellcode.parse(code)
+            if tree is not None:
+                touched_classes |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                                    and isinstance(n.value, ast.Name)} & self._classes
+        return {gid for kind, gid, _ in self._cells if kind == "test"
+                and (self.reach(gid)[0] & mine or self.reach(gid)[1] & touched
+                     or any(self._names[c][2] & touched_classes for c in self.reach(gid)[0]))}
+
     def alone_because(self, fixture: Fixture) -> list[str]:
-        declared = getattr(fixture, "alone", "")
-        reasons = [f"its TOML says alone: {declared}"] if declared else []
-        for gid, code in fixture.answers.items():
-            reasons += [f"{gid}: {why}" for why in global_effects(code)]
-        return reasons
+        """Why a fixture must be graded in a submission of its own; [] if it need not."""
+        if fixture.name not in self._alone:
+            reasons = [f"its TOML says alone: {fixture.alone}"] if fixture.alone else []
+            for gid, code in fixture.answers.items():
+                reasons += [f"{gid}: {why}" for why in global_effects(code)]
+            self._alone[fixture.name] = reasons
+        return list(self._alone[fixture.name])
 
 
 @dataclass

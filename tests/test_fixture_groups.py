@@ -20,7 +20,7 @@ FIXTURES = fixtures.all_fixtures()
     ("def f():\n    torch.backends.cudnn.benchmark = True", "changes torch.backends.cudnn.benchmark"),
     ("def f():\n    global DEVICE\n    DEVICE = 'cpu'", "rebinds DEVICE"),
     ("def f():\n    sys.exit(1)", "can end the kernel"),
-    ("def f(m):\n    setattr(nn.Module, 'to', None)", "sets an attribute of the notebook-level nn"),
+    ("def f(m):\n    setattr(nn.Module, 'to', None)", "sets an attribute of nn.Module"),
     ("def f(x):\n    MODEL.weight = x", "changes MODEL.weight"),
     ("def f(x):\n    torch.set_autocast_enabled(False)\n    return x", "calls torch.set_autocast_enabled()"),
     ("def f(cls):\n    torch.serialization.add_safe_globals([cls])", "calls torch.serialization.add_safe_globals()"),
@@ -53,7 +53,8 @@ def test_names_read_are_free_names_only():
         print(OTHER)
         %time f(1)
     """))
-    assert fixture_groups._used(tree) == {"DEFAULT", "helper", "OTHER", "print", "range", "get_ipython"}
+    # the magic's own name comes along from its string: harmless, never a notebook name
+    assert fixture_groups._used(tree) == {"DEFAULT", "helper", "OTHER", "print", "range", "get_ipython", "time"}
 
 
 def _notebook(cells: list[tuple[str, str, str]]) -> nbformat.NotebookNode:
@@ -110,7 +111,9 @@ def test_groups_follow_what_each_test_can_see():
     assert analysis.alone_because(declared) == ["its TOML says alone: made-up reason"]
 
     got = [[fx.name for fx in g.members] for g in fixture_groups.groups("made_up", made_up, SOURCE)]
-    assert got == [["a_off", "b_off", "c_off"], ["b_leaks"], ["b_reads_data"], ["c_declared"]]
+    # c_off stays apart from b_off too: cell b is read with every fixture's version of it, and
+    # one of them (b_reads_data) reads DATA, which c_off's test reads (cautious, never unsound)
+    assert got == [["a_off", "b_off"], ["b_leaks"], ["b_reads_data"], ["c_declared"], ["c_off"]]
 
 
 def test_a_member_is_held_to_its_own_cells_and_to_every_cell_no_member_loses():
@@ -156,3 +159,80 @@ def test_alone_must_say_why(tmp_path):
         fixtures.load(path)
     path.write_text('alone = "  patches torch.cuda for the rest of the kernel  "\n' + body)
     assert fixtures.load(path).alone == "patches torch.cuda for the rest of the kernel"
+
+
+_PLAIN_B = {"b": "def f_b(x):\n    return x - 1"}
+_BASE = [("code", "setup", "import torch\nDATA = [1, 2, 3]\ndef reset():\n    DATA.clear()"),
+         ("answer", "a", "def f_a(x):\n    return x + 1"),
+         ("answer", "b", "def f_b(x):\n    return x - 1"),
+         ("test", "test_a", "assert f_a(1) == 2"),
+         ("test", "test_b", "assert f_b(1) == 0 and DATA == [1, 2, 3]")]
+
+
+def _with(index, cell):
+    cells = list(_BASE)
+    cells[index] = cell
+    return cells
+
+
+# Ways one fixture's answer could change another fixture's lost test (found by attacking the
+# analysis): each must keep the two fixtures apart.
+HOLES = {
+    "setter after an import in the answer": (_BASE, "import torch\ntorch.manual_seed(0)\ndef f_a(x):\n    return x"),
+    "setter after an import in the function": (
+        _BASE, "def f_a(x):\n    import torch\n    torch.set_default_dtype(torch.float64)\n    return x"),
+    "os.environ after an import": (_BASE, "import os\nos.environ['CUDA_VISIBLE_DEVICES'] = ''\ndef f_a(x):\n    return x"),
+    "setter under another name": (_BASE, "from torch import manual_seed as ms\nms(0)\ndef f_a(x):\n    return x"),
+    "a notebook helper that changes a variable": (_BASE, "def f_a(x):\n    reset()\n    return x"),
+    "an argument changed in place": (
+        [("code", "setup", "X = [1, 2, 3]"), _BASE[1], _BASE[2], ("test", "test_a", "assert f_a(X) == [2, 3, 4]"),
+         ("test", "test_b", "assert f_b(1) == 0 and X == [1, 2, 3]")],
+        "def f_a(xs):\n    xs.append(0)\n    return xs"),
+    "a class attribute changed by a method": (
+        _with(0, ("code", "setup", "class Registry:\n    items = []"))[:4]
+        + [("test", "test_b", "assert f_b(1) == 0 and Registry.items == []")],
+        "def f_a(x):\n    Registry.items.append(x)\n    return x"),
+    "a test that calls the answer through eval": (
+        _BASE[:4] + [("test", "test_b", "assert f_b(1) == 0\nassert eval('f_a(0)') == 1")], "def f_a(x):\n    return x"),
+    "a test that calls the answer in a magic": (
+        _BASE[:4] + [("test", "test_b", "assert f_b(1) == 0\n%timeit -n1 -r1 f_a(0)")], "def f_a(x):\n    return x"),
+    "a test that finds the answer by its name": (
+        _BASE[:4] + [("test", "test_b", "assert f_b(1) == 0\nassert globals()['f_a'](0) == 1")],
+        "def f_a(x):\n    return x"),
+    "del of a notebook name": (
+        _with(0, ("code", "setup", "def helper(x):\n    return x"))[:3]
+        + [("test", "test_a", "assert f_a(1) == 2"), ("test", "test_b", "assert helper(1) == 1")],
+        "del helper\ndef f_a(x):\n    return x"),
+    "a registering decorator": (_BASE, "import atexit\n@atexit.register\ndef f_a(x=0):\n    return x"),
+    "a setter found by getattr": (_BASE, "getattr(torch, 'manual_seed')(0)\ndef f_a(x):\n    return x"),
+    "a write through globals()": (_BASE, "globals()['DATA'] = []\ndef f_a(x):\n    return x"),
+    "a method replaced on the class of an argument": (
+        _BASE, "def f_a(m):\n    type(m).forward = lambda self, x: 0\n    return 1"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOLES))
+def test_fixtures_that_could_reach_each_other_are_kept_apart(name):
+    cells, code = HOLES[name]
+    source = _notebook(cells)
+    a = _fx("a_x", {"a": code}, ["test_a"])
+    b = _fx("b_x", dict(_PLAIN_B), ["test_b"])
+    got = [[fx.name for fx in g.members] for g in fixture_groups.groups("made_up", [a, b], source)]
+    assert got == [["a_x"], ["b_x"]], fixture_groups.Analysis(source, [a, b]).tests_seen_by(a)
+
+
+def test_a_read_inside_a_nested_function_and_an_except_block_count():
+    tree = cellcode.parse(textwrap.dedent("""
+        def check():
+            def go():
+                device = "cpu"
+                return device
+            return f_a(device)
+        try:
+            import numpy as np
+        except ImportError:
+            def helper():
+                pass
+    """))
+    assert fixture_groups._used(tree) == {"ImportError", "device", "f_a"}
+    assert fixture_groups._top_level(tree) == ({"check", "helper", "np"}, set())
