@@ -30,8 +30,6 @@ def test_cheatsheet_and_08_table_are_in_sync(built):
     stale = [path.relative_to(ROOT).as_posix() for path in cheatsheet.out_of_sync(built)]
     assert not stale, f"out of sync with the notebooks: {stale}; run `python3 make.py cheatsheet`"
     # ... and the maintainer's own command says so too
-    import subprocess
-    import sys
     check = subprocess.run([sys.executable, str(ROOT / "make.py"), "cheatsheet", "--check"], cwd=ROOT,
                            capture_output=True, text=True, timeout=600)
     assert check.returncode == 0 and "in sync" in check.stdout, check.stdout + check.stderr
