@@ -6,7 +6,8 @@
 2. runs the lesson and the solution notebook: every cell must run cleanly;
 3. grades, with the self-check's engine (nbgrader's scoring rule), the release with the
    reference answers typed in (full marks), the untouched release (zero), and every fixture
-   under tests/submissions/<chapter>/ (exactly the points it declares lost);
+   under tests/submissions/<chapter>/ (exactly the points it declares lost, and the messages
+   its [shows] table declares);
 4. prints each notebook's run time (the course's budget is 30 s on a 2-core CPU).
 """
 
@@ -68,23 +69,28 @@ def check_chapter(name: str) -> bool:
             print(f"       {p}")
     source = notebooks.read(layout.source_notebook(name))
     full = {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(source)}
-    cases: list[tuple[str, NotebookNode, dict[str, float]]] = [
-        ("reference answers -> full marks", fixtures.solved_release(name), full),
+    cases: list[tuple[str, NotebookNode, dict[str, float], fixtures.Fixture | None]] = [
+        ("reference answers -> full marks", fixtures.solved_release(name), full, None),
         ("untouched release -> zero", notebooks.read(layout.release_notebook(name)),
-         {k: 0.0 for k in full}),
+         {k: 0.0 for k in full}, None),
     ]
     folder = layout.SUBMISSIONS_DIR / name
     for path in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
         fx = fixtures.load(path)
-        cases.append((f"{fx.kind} {fx.name}", fixtures.submission(fx), fixtures.expected_scores(fx, source)))
-    for label, nb, expected in cases:
+        cases.append((f"{fx.kind} {fx.name}", fixtures.submission(fx), fixtures.expected_scores(fx, source), fx))
+    for label, nb, expected, fx in cases:
         got, results, seconds = grade(nb, name)
         wrong = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
-        ok &= not wrong
-        print(f"{'ok  ' if not wrong else 'FAIL'} {label} ({sum(got.values()):g}/{sum(full.values()):g}, {seconds:.1f} s)")
+        shown = {r.grade_id: r.message for r in results}
+        unsaid = [p for gid in (fx.shows if fx else {}) for p in fixtures.message_problems(fx, gid, shown.get(gid, ""))]
+        ok &= not wrong and not unsaid
+        print(f"{'ok  ' if not wrong and not unsaid else 'FAIL'} {label} "
+              f"({sum(got.values()):g}/{sum(full.values()):g}, {seconds:.1f} s)")
         for gid, (g, e) in wrong.items():
-            msg = next((r.message for r in results if r.grade_id == gid), "")
-            print(f"       {gid}: got {g}, expected {e}  {msg[:300]}")
+            print(f"       {gid}: got {g}, expected {e}  {shown.get(gid, '')[:300]}")
+        for problem in unsaid:
+            gid = problem.split(":", 1)[0]
+            print(f"       {problem}; it says: {shown.get(gid, '')[:300]}")
     return ok
 
 

@@ -13,6 +13,9 @@ it replaces; every other answer cell gets the reference solution:
         return torch.device("cpu")
     '''
 
+    [shows]                     # optional: what the grader's message for a lost cell must say
+    test_pick_device_mocked = ["hard-coded"]   # each string, ignoring case and line breaks
+
 The submission is the released notebook with these answers typed in, as a student would.
 `make.py test` grades several fixtures in one submission where their grades cannot mix up
 (coursetools/fixture_groups.py); `alone = "why"` keeps one apart.
@@ -45,6 +48,9 @@ class Fixture:
     answers: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
     alone: str = ""  # why this fixture must be graded in a notebook of its own, if it must
+    # test cell -> what the message the grader shows for it must contain: the learner is told
+    # what they did, not only that the cell failed (a cell in `loses` only)
+    shows: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def student_id(self) -> str:
@@ -68,6 +74,7 @@ def load(path: Path) -> Fixture:
         answers={k: str(v).strip("\n") for k, v in data.get("answers", {}).items()},
         path=path,
         alone=data.get("alone", ""),
+        shows=_shows(path, data.get("shows", {})),
     )
     if not isinstance(fixture.alone, str):
         raise FixtureError(f"{path}: `alone` says why the fixture must be graded by itself, as a string")
@@ -80,7 +87,40 @@ def load(path: Path) -> Fixture:
         raise FixtureError(f"{path}: an alternative correct answer must lose nothing")
     if not fixture.answers:
         raise FixtureError(f"{path}: [answers] replaces no answer cell")
+    not_lost = sorted(set(fixture.shows) - set(fixture.loses))
+    if not_lost:
+        raise FixtureError(f"{path}: [shows] names {', '.join(not_lost)}, which the fixture does not lose: "
+                           "a message is shown only for a test cell that fails")
     return fixture
+
+
+def _shows(path: Path, table) -> dict[str, list[str]]:
+    if not isinstance(table, dict):
+        raise FixtureError(f"{path}: [shows] maps a test cell to the strings its message must contain")
+    out = {}
+    for gid, wanted in table.items():
+        wanted = [wanted] if isinstance(wanted, str) else wanted
+        if not isinstance(wanted, list) or not wanted or not all(isinstance(w, str) and w.strip() for w in wanted):
+            raise FixtureError(f"{path}: [shows] {gid} must be a non-empty string or list of strings")
+        out[gid] = wanted
+    return out
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def message_problems(fixture: Fixture, gid: str, message: str) -> list[str]:
+    """What is wrong with the message the grader showed for test cell `gid` of this fixture:
+    a string of its [shows] it lacks (compared ignoring case and line breaks), or terminal
+    colour codes the learner would see raw. [] when the message is as declared."""
+    wanted = fixture.shows.get(gid, [])
+    if not wanted:
+        return []
+    problems = [f"{gid}: the message does not say {w!r}" for w in wanted if _plain(w) not in _plain(message)]
+    if "\x1b[" in message:
+        problems.append(f"{gid}: the message carries raw terminal colour codes (\\x1b[...m)")
+    return problems
 
 
 def all_fixtures(root: Path = layout.ROOT) -> list[Fixture]:

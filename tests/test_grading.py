@@ -132,11 +132,7 @@ class Graded:
                     f"autograde log:\n{log.stdout[-3000:]}\n{log.stderr[-3000:]}")
         lines = []
         try:
-            graded_nb = self.shard.course.autograded_notebook(student, self.name)
-            errors = {notebooks.grade_id(c): next(
-                (f"{o.ename}: {o.evalue}" for o in c.outputs if o.output_type == "error"),
-                next((o.text for o in c.outputs if o.output_type == "stream" and o.name == "stderr"), ""))
-                for c in graded_nb.cells if notebooks.grade_id(c)}
+            errors = self.messages(student)
         except Exception:  # noqa: BLE001 - diagnostics only
             errors = {}
         for gid, want in expected.items():
@@ -145,6 +141,15 @@ class Graded:
             mark = "  " if score == want else "!!"
             lines.append(f"{mark} {gid}: scored {score}, expected {want}  {errors.get(gid, '')[:300]}")
         return "\n".join(lines)
+
+    def messages(self, student: str) -> dict[str, str]:
+        """grade id -> the message nbgrader's feedback shows for that cell: its error
+        (`ename: evalue`), else what it wrote to stderr, else ""."""
+        graded_nb = self.shard.course.autograded_notebook(student, self.name)
+        return {notebooks.grade_id(c): next(
+            (f"{o.ename}: {o.evalue}" for o in c.outputs if o.output_type == "error"),
+            next((o.text for o in c.outputs if o.output_type == "stream" and o.name == "stderr"), ""))
+            for c in graded_nb.cells if notebooks.grade_id(c)}
 
     def scores(self, student: str) -> dict[str, float | None] | None:
         got = self.shard.grades.get(student)
@@ -234,6 +239,11 @@ def _shard_class(name: str, index: int, students: list[str]) -> type:
                 got = got if got is None else {gid: got.get(gid) for gid in expected}
                 assert got == expected, (f"{fx.description}\ngraded in {group.describe()}\n"
                                          + g.explain(group.student_id, expected))
+                if fx.shows:  # the feedback must name what this answer did
+                    shown = g.messages(group.student_id)
+                    problems = [p for gid in fx.shows for p in fixtures.message_problems(fx, gid, shown.get(gid, ""))]
+                    assert not problems, (f"{fx.description}\n" + "\n".join(problems) + "\nthe messages shown:\n"
+                                          + "\n".join(f"{gid}: {shown.get(gid, '')[:600]}" for gid in fx.shows))
 
     Shard.__name__ = Shard.__qualname__ = f"TestGrading_{name}_shard{index}"
     return Shard

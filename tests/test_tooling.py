@@ -79,6 +79,8 @@ def test_rebuild_keeps_answers_and_extra_cells_and_restores_the_rest():
     ("kind = 'wrong'\nloses=['t']\n[answers]\nf='x'", "misconception"),
     ("kind = 'wrong'\ndescription='x'\nloses=['t']", "replaces no answer cell"),
     ("kind = 'wrong' description", "not valid TOML"),
+    ("kind = 'wrong'\ndescription='x'\nloses=['t']\n[answers]\nf='x'\n[shows]\nu=['y']", "does not lose"),
+    ("kind = 'wrong'\ndescription='x'\nloses=['t']\n[answers]\nf='x'\n[shows]\nt=[]", "non-empty"),
 ])
 def test_fixture_files_are_validated(tmp_path, text, problem):
     path = tmp_path / "01_device_basics" / "bad.toml"
@@ -86,6 +88,21 @@ def test_fixture_files_are_validated(tmp_path, text, problem):
     path.write_text(text)
     with pytest.raises(fixtures.FixtureError, match=problem):
         fixtures.load(path)
+
+
+def test_a_fixture_declares_what_the_message_of_a_lost_cell_says(tmp_path):
+    path = tmp_path / "01_device_basics" / "says.toml"
+    path.parent.mkdir()
+    path.write_text("kind = 'wrong'\ndescription='x'\nloses=['t']\n[answers]\nf='x'\n"
+                    "[shows]\nt='one backward over the SUM'\n")
+    fx = fixtures.load(path)
+    assert fx.shows == {"t": ["one backward over the SUM"]}
+    said = "AssertionError: you ran one backward\nover the sum of the losses"
+    assert fixtures.message_problems(fx, "t", said) == []                 # case and line breaks ignored
+    assert fixtures.message_problems(fx, "t", "AssertionError: did you step per micro-batch?") == [
+        "t: the message does not say 'one backward over the SUM'"]
+    assert fixtures.message_problems(fx, "t", "\x1b[1m" + said + "\x1b[0m") == [
+        "t: the message carries raw terminal colour codes (\\x1b[...m)"]
 
 
 def test_notebook_reader_errors_name_the_problem(tmp_path):
