@@ -239,7 +239,9 @@ def _notebook_json(nb: dict) -> str:
 def build(root: Path = layout.ROOT) -> Build:
     result = Build()
     course = root / "course"
-    lessons = {p.name[:2]: p.name for p in layout.lessons(root)}
+    lessons: dict[str, str] = {}  # chapter number -> its lesson; a chapter in parts: its first part
+    for path in layout.lessons(root):
+        lessons.setdefault(path.name[:2], path.name)
     for path in layout.lessons(root):
         rules, problems = read_rules(path)
         result.rules += rules

@@ -124,6 +124,21 @@ def test_a_new_index_row_or_rule_changes_both_outputs(copy):
     assert [p.name for p in cheatsheet.out_of_sync(cheatsheet.build(copy))] == ["CHEATSHEET.md"]
 
 
+def test_a_chapter_in_parts_links_its_errors_to_the_first_part(copy):
+    """A lesson split into parts (07_performance.ipynb, then 07_performance_tuning.ipynb) is one
+    chapter: an error row that names chapter 07 links to its first part, whatever the others are called."""
+    shutil.copy(copy / "course" / "02_to_semantics.ipynb", copy / "course" / "02_to_semantics_zz_part2.ipynb")
+
+    def add_row(cells):
+        cell = next(c for c in cells if text(c).startswith("# The error index"))
+        cell["source"] = text(cell).replace(
+            "INDEX = [\n", 'INDEX = [\n    ("A brand-new message", None, ["02"], "a cause", "a fix"),\n')
+    edit(copy / "course" / "08_troubleshooting.ipynb", add_row)
+    assert cheatsheet.main(["--root", str(copy)]) == 0
+    sheet = (copy / cheatsheet.SHEET).read_text(encoding="utf-8")
+    assert "`A brand-new message` | a cause | a fix | [02](course/02_to_semantics.ipynb)" in sheet
+
+
 def test_a_proof_cell_without_assert_is_reported(copy):
     path = copy / "course" / "04_buffers_checkpoints.ipynb"
 
