@@ -17,6 +17,8 @@
                                         (or: lowest, newest; a venv of its own, reused)
     python3 make.py cheatsheet          regenerate CHEATSHEET.md (and chapter 08's error table)
                                         from the notebooks (--check: only say what is stale)
+    python3 make.py site                build the course website (lessons run, with their outputs)
+                                        into website/_build/html (--serve: then preview it)
 
 Everything is installed into ./.venv, never into your system Python. The first run takes a
 few minutes; later runs reinstall only when requirements change. PyTorch: if .venv already
@@ -150,11 +152,12 @@ def jupyter_env() -> dict[str, str]:
 MODULES = {"check": "selfcheck", "release": "release", "links": "links",
            "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom",
            "gpu-report": "gpu_report", "test-torch": "torchrange",
-           "cheatsheet": "cheatsheet"}
+           "cheatsheet": "cheatsheet", "site": "website"}
 
 
-# Commands that run the test suite need the test-only packages too.
-DEV_COMMANDS = {"gpu-report", "test-torch"}
+# Commands that run the test suite need the test-only packages too (`site`: Sphinx and its
+# extensions, which only the website needs, are in requirements-dev.txt).
+DEV_COMMANDS = {"gpu-report", "test-torch", "site"}
 
 
 def main(argv: list[str]) -> int:
