@@ -66,11 +66,14 @@ def course_map() -> str:
         rel = lesson.relative_to(layout.ROOT).as_posix()
         num, name = lesson.stem[:2], lesson.stem
         cell = f"[{title_of(lesson)}]({rel}) [{badge}]({cfg.colab_url(rel)})"
+        part_of = next((a for a in sorted(assignments) if name.startswith(a + "_")), None)
         if name in assignments:
             ex = f"exercises/{name}/{name}.ipynb"
             exercise = f"[exercise]({ex}) [{badge}]({cfg.colab_url(ex)})"
             names, points = graded_names(name)
             graded = f"{', '.join(f'`{n}`' for n in names)} ({points:g} points)"
+        elif part_of:  # a later part of a chapter (e.g. 06_ddp_2_failures): one exercise, in the first row
+            exercise, graded = f"chapter {num}'s, above", "—"
         else:
             exercise = graded = "—"
         rows.append(f"| {num} | {cell} | {exercise} | {graded} |")

@@ -47,8 +47,14 @@ def test_clean_metadata(path):
     assert set(nb.metadata) <= NOTEBOOK_META_KEYS, f"unexpected notebook metadata {set(nb.metadata) - NOTEBOOK_META_KEYS}"
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
     for i, cell in enumerate(nb.cells):
-        extra = set(cell.get("metadata", {})) - CELL_META_KEYS
+        meta = cell.get("metadata", {})
+        extra = set(meta) - CELL_META_KEYS - {"jupyter"}
         assert not extra, f"cell {i} has editor metadata {extra}: strip it"
+        # the one editor setting a lesson may keep: a code cell shown collapsed (plumbing, not the reading path)
+        if "jupyter" in meta:
+            assert meta["jupyter"] == {"source_hidden": True} and cell.cell_type == "code" and path.parent == layout.COURSE_DIR, (
+                f"cell {i} has editor metadata {meta['jupyter']}: only a lesson's code cell may carry "
+                '"jupyter": {"source_hidden": true} (shown collapsed)')
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
