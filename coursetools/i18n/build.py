@@ -210,6 +210,7 @@ def translate_code(source: str, lookup: catalog.Lookup, stats: Stats) -> str:
 
 _MD_LINK = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))")
 _HTML_LINK = re.compile(r"((?:href|src)=\")([^\"]+)(\")")
+_CHECK = re.compile(r"(make\.py check\s+)(exercises/[\w.-]+/[\w.-]+\.ipynb)")
 
 
 def github_slug(heading: str) -> str:
@@ -251,7 +252,10 @@ class Links:
             return rel + (f"#{anchor}" if hash_ else "")
 
         text = _MD_LINK.sub(lambda m: m.group(1) + target(m.group(2)) + m.group(3), text)
-        return _HTML_LINK.sub(lambda m: m.group(1) + target(m.group(2)) + m.group(3), text)
+        text = _HTML_LINK.sub(lambda m: m.group(1) + target(m.group(2)) + m.group(3), text)
+        # `make.py check PATH` names the notebook to grade (and, through it, the learner's
+        # copy): in the Chinese edition, the Chinese exercise.
+        return _CHECK.sub(lambda m: m.group(1) + self.targets.get(m.group(2), m.group(2)), text)
 
 
 def links_for(root: Path = layout.ROOT) -> Links:

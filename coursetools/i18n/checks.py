@@ -61,8 +61,20 @@ def chinese_prose(text: str) -> str:
     return SEED_QUOTE.sub(" ", text)
 
 
-def glossary_problems(text: str, terms: list[Term]) -> list[str]:
+def _quoted_cells(msgid: str, msgstr: str) -> list[str]:
+    """The cells of a table row that quotes a post (its English row has Chinese in it) which
+    the translation copies unchanged: the post's own words, English ones included."""
+    if not (msgid.startswith("|") and markdown.CJK.search(msgid)):
+        return []
+    english = [c.strip() for c in msgid.strip().strip("|").split("|")]
+    chinese = [c.strip() for c in msgstr.strip().strip("|").split("|")]
+    return [zh for en, zh in zip(english, chinese) if zh and zh == en]
+
+
+def glossary_problems(text: str, terms: list[Term], msgid: str = "") -> list[str]:
     problems = []
+    for cell in _quoted_cells(msgid, text):
+        text = text.replace(cell, " ")
     prose = chinese_prose(text)
     for term in terms:
         if not term.kept_in_english:
@@ -85,7 +97,7 @@ def _targets(text: str) -> list[str]:
 
 
 def _spans(text: str) -> set[str]:
-    return {" ".join(m.group(2).split()) for m in markdown.CODE_SPAN.finditer(text)}
+    return {" ".join(re.sub(r"\n>", " ", m.group(2)).split()) for m in markdown.CODE_SPAN.finditer(text)}
 
 
 def _pipes(text: str) -> int:
@@ -128,7 +140,7 @@ def entry_problems(msgid: str, msgstr: str, ctxt: str | None, terms: list[Term])
     elif ctxt == catalog.CONTEXTS["docstring"]:
         if '"""' in msgstr or "'''" in msgstr or msgstr.endswith("\\"):
             problems.append("a docstring's translation must not contain triple quotes or end in '\\'")
-    problems += glossary_problems(msgstr, terms)
+    problems += glossary_problems(msgstr, terms, msgid)
     return problems
 
 
