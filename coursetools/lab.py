@@ -25,6 +25,14 @@ JUPYTER_CONFIG_PATH: `jupyter-config/<mode>/` (page_config.json disables lab plu
 jupyter_server_config.json disables server extensions) and `jupyter-config/common/`
 (settings overrides: no news pop-up). Arguments this command does not know go to
 `jupyter lab` (e.g. `--port 8890`, `--no-browser`).
+
+**`--lang zh`** (learner mode): the Chinese edition. Its notebooks (`zh/`, generated from
+the English ones and locale/zh_CN, coursetools/i18n) are copied into `work/zh/` next to the
+English copies (a Chinese notebook that links to a chapter not yet translated links to the
+English copy), JupyterLab opens `work/zh/course/00_start_here.ipynb` and shows its own menus
+in Chinese: `jupyter-config/zh/` sets the language pack's locale (jupyterlab-language-pack-zh-CN,
+in requirements.txt) in JupyterLab's settings overrides. This command's own words are
+Chinese too.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import layout
+from . import i18n, layout
+from .i18n import tr
 
 WORK_DIR = "work"
 MANIFEST = ".course-versions.json"
@@ -47,20 +56,27 @@ FIRST_NOTEBOOK = "course/00_start_here.ipynb"
 EXERCISE_SUFFIX = "_exercise"
 CONFIG_DIR = "jupyter-config"
 MODES = ("learner", "instructor")
+ZH = "zh"  # the Chinese edition's folder, in the repository and in work/
 
 
 def work_dir(root: Path = layout.ROOT) -> Path:
     return root / WORK_DIR
 
 
-def copies(root: Path = layout.ROOT) -> list[tuple[Path, Path]]:
-    """(course notebook, the learner's copy in work/) for every lesson and released exercise."""
+def copies(root: Path = layout.ROOT, lang: str = "en") -> list[tuple[Path, Path]]:
+    """(course notebook, the learner's copy in work/) for every lesson and released exercise;
+    with lang="zh", also every notebook of the Chinese edition (zh/ -> work/zh/)."""
     work = work_dir(root)
     pairs = [(p, work / "course" / p.name) for p in layout.lessons(root)]
     for name in layout.assignments(root):
         release = layout.release_notebook(name, root)
         if release.exists():
             pairs.append((release, work / "exercises" / name / f"{name}{EXERCISE_SUFFIX}.ipynb"))
+    if lang == ZH:
+        for source, dest in list(pairs):
+            chinese = root / ZH / source.relative_to(root)
+            if chinese.exists():
+                pairs.append((chinese, work / ZH / dest.relative_to(work)))
     return pairs
 
 
@@ -68,8 +84,8 @@ def copy_text(source: Path, root: Path = layout.ROOT) -> str:
     """What the learner's copy of `source` holds at first: the same notebook, except that a
     lesson's links to its exercise name the exercise's copy (…_exercise.ipynb)."""
     text = source.read_text(encoding="utf-8")
-    if source.parent.name == "course":
-        for name in layout.assignments(root):
+    if source.parent.name == "course":  # (a Chinese lesson's link to an English exercise
+        for name in layout.assignments(root):  # is ../../exercises/...: renamed the same way)
             text = text.replace(f"../exercises/{name}/{name}.ipynb",
                                 f"../exercises/{name}/{name}{EXERCISE_SUFFIX}.ipynb")
     return text
@@ -101,22 +117,22 @@ class SyncReport:
     def lines(self) -> list[str]:
         out = []
         if len(self.added) > 3:
-            out.append(f"Copied {len(self.added)} notebooks into {WORK_DIR}/: lessons in "
-                       f"{WORK_DIR}/course/, exercises in {WORK_DIR}/exercises/.")
+            out.append(tr("Copied {n} notebooks into {work}/: lessons in {work}/course/, "
+                          "exercises in {work}/exercises/.").format(n=len(self.added), work=WORK_DIR))
         elif self.added:
-            out.append("New in the course, copied in: " + ", ".join(self.added))
+            out.append(tr("New in the course, copied in: ") + ", ".join(self.added))
         if self.updated:
-            out.append("Updated to the course's new version (you had not changed them): "
+            out.append(tr("Updated to the course's new version (you had not changed them): ")
                        + ", ".join(self.updated))
         if self.newer:
-            out.append("The course has a newer version of these notebooks; your copies are kept:")
-            out += [f"  {mine}   (course: {theirs})" for mine, theirs in self.newer]
-            out.append("  To take the new version, rename your copy (your work stays in it) and "
-                       "start `python3 make.py lab` again.")
+            out.append(tr("The course has a newer version of these notebooks; your copies are kept:"))
+            out += [f"  {mine}   ({tr('course')}: {theirs})" for mine, theirs in self.newer]
+            out.append(tr("  To take the new version, rename your copy (your work stays in it) and "
+                          "start `python3 make.py lab` again."))
         return out
 
 
-def sync(root: Path = layout.ROOT) -> SyncReport:
+def sync(root: Path = layout.ROOT, lang: str = "en") -> SyncReport:
     """Bring work/ up to date with the course without ever overwriting the learner's work.
 
     A missing copy is created; a copy whose cells the learner never changed follows the
@@ -130,7 +146,7 @@ def sync(root: Path = layout.ROOT) -> SyncReport:
     except (OSError, ValueError):
         manifest = {}
     report = SyncReport()
-    for source, dest in copies(root):
+    for source, dest in copies(root, lang):
         key = dest.relative_to(root).as_posix()
         fresh = copy_text(source, root)
         entry = manifest.get(key)
@@ -180,7 +196,7 @@ def learner_copy(path: str | Path, root: Path = layout.ROOT) -> Path | None:
     """The learner's copy in work/ of a course notebook (e.g. the path an exercise names,
     exercises/01_device_basics/01_device_basics.ipynb), when it exists."""
     target = Path(path).resolve()
-    for source, dest in copies(root):
+    for source, dest in copies(root, ZH):
         if source.resolve() == target and dest.exists():
             return dest
     return None
@@ -195,8 +211,10 @@ class LabCommand:
     report: SyncReport | None
 
 
-def server_env(root: Path, mode: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment's Jupyter first (kernel, extensions), and the mode's configuration."""
+def server_env(root: Path, mode: str, base: dict[str, str] | None = None,
+               lang: str = "en") -> dict[str, str]:
+    """This environment's Jupyter first (kernel, extensions), and the mode's configuration
+    (with lang="zh", also jupyter-config/zh/: JupyterLab in Chinese)."""
     env = dict(os.environ if base is None else base)
     prefix = Path(sys.prefix)
 
@@ -204,29 +222,33 @@ def server_env(root: Path, mode: str, base: dict[str, str] | None = None) -> dic
         env[var] = os.pathsep.join([*(str(p) for p in paths), *filter(None, env.get(var, "").split(os.pathsep))])
 
     prepend("JUPYTER_PATH", prefix / "share" / "jupyter")
-    prepend("JUPYTER_CONFIG_PATH", root / CONFIG_DIR / mode, root / CONFIG_DIR / "common")
+    configs = [root / CONFIG_DIR / mode, root / CONFIG_DIR / "common"]
+    if lang == ZH:
+        configs.insert(0, root / CONFIG_DIR / ZH)
+    prepend("JUPYTER_CONFIG_PATH", *configs)
     prepend("PATH", Path(sys.executable).parent)  # nbgrader shells out to alembic
     env["PYTHONNOUSERSITE"] = "1"
     return env
 
 
 def command(root: Path = layout.ROOT, *, instructor: bool = False,
-            extra_args: list[str] | tuple[str, ...] = ()) -> LabCommand:
+            extra_args: list[str] | tuple[str, ...] = (), lang: str = "en") -> LabCommand:
     """Prepare (learner mode: bring work/ up to date) and build the `jupyter lab` command
     that `make.py lab` runs. The browser test starts its server from this, too."""
     mode = "instructor" if instructor else "learner"
     if instructor:
         serve_root, report, first = root, None, []
     else:
-        report = sync(root)
+        report = sync(root, lang)
         serve_root = work_dir(root)
-        first = [str(serve_root / FIRST_NOTEBOOK)]
+        first_notebook = serve_root / ZH / FIRST_NOTEBOOK if lang == ZH else serve_root / FIRST_NOTEBOOK
+        first = [str(first_notebook)]
     argv = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={serve_root}", *first]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")  # containers and cloud shells run as root
     argv += list(extra_args)
     # nbgrader reads nbgrader_config.py from the server's working folder.
-    return LabCommand(argv, server_env(root, mode), serve_root, serve_root, report)
+    return LabCommand(argv, server_env(root, mode, lang=lang), serve_root, serve_root, report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,18 +257,21 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Other arguments go to `jupyter lab`, e.g. --port 8890 or --no-browser.")
     parser.add_argument("--instructor", action="store_true",
                         help="serve the repository itself, with nbgrader's Formgrader")
+    parser.add_argument("--lang", choices=("en", ZH), default="en",
+                        help="zh: the Chinese edition (notebooks in work/zh/, JupyterLab in Chinese)")
     args, rest = parser.parse_known_args(argv)
-    cmd = command(layout.ROOT, instructor=args.instructor, extra_args=rest)
+    i18n.set_language(args.lang)
+    cmd = command(layout.ROOT, instructor=args.instructor, extra_args=rest, lang=args.lang)
+    exercise = f"{WORK_DIR}/{ZH + '/' if args.lang == ZH else ''}exercises/01_device_basics/01_device_basics{EXERCISE_SUFFIX}.ipynb"
     if cmd.report is not None:
-        print(f"Learner mode: your notebooks are in {WORK_DIR}/ (git-ignored), so what you run, "
-              "type and save stays yours and the course's own files stay as they are.")
+        print(tr("Learner mode: your notebooks are in {work}/ (git-ignored), so what you run, "
+                 "type and save stays yours and the course's own files stay as they are.").format(work=WORK_DIR))
         print("\n".join(cmd.report.lines()))
-        print("Check an exercise: python3 make.py check "
-              f"{WORK_DIR}/exercises/01_device_basics/01_device_basics{EXERCISE_SUFFIX}.ipynb "
-              "(instructors: python3 make.py lab --instructor)")
+        print(tr("Check an exercise: python3 make.py check {exercise} "
+                 "(instructors: python3 make.py lab --instructor)").format(exercise=exercise))
     else:
-        print("Instructor mode: serving the repository itself (edits change the course). "
-              "Nbgrader > Formgrader manages and grades the assignments.")
+        print(tr("Instructor mode: serving the repository itself (edits change the course). "
+                 "Nbgrader > Formgrader manages and grades the assignments."))
     sys.stdout.flush()
     if os.name == "posix":
         # Become the server: Ctrl-C then reaches Jupyter alone, which shuts its kernels down.

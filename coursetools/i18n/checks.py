@@ -145,9 +145,10 @@ def entry_problems(msgid: str, msgstr: str, ctxt: str | None, terms: list[Term])
 
 
 def po_problems(root: Path = layout.ROOT) -> list[str]:
-    """Every problem of every translated, not fuzzy entry of the edition's PO files."""
+    """Every problem of every translated, not fuzzy entry of the edition's PO files (and of
+    the tools' messages)."""
     terms = glossary(root)
-    problems = []
+    problems = message_problems(root)
     for src in build.edition(root):
         po = build.po_file(src, root)
         for entry in po.translated_entries():
@@ -155,6 +156,24 @@ def po_problems(root: Path = layout.ROOT) -> list[str]:
                 where = entry.occurrences[0] if entry.occurrences else (src.path, "")
                 first = " ".join(entry.msgid.split())[:70]
                 problems.append(f"{src.po.as_posix()} ({where[0]}:{where[1]}, {first!r}): {problem}")
+    return problems
+
+
+def message_problems(root: Path = layout.ROOT) -> list[str]:
+    """The tools' own words (locale/zh_CN/tools/messages.po): each translation keeps the
+    English's {placeholders}, and is Chinese."""
+    from . import MESSAGES
+
+    path = root / MESSAGES
+    if not path.exists():
+        return []
+    problems = []
+    for entry in catalog.load(path).translated_entries():
+        wanted, got = sorted(re.findall(r"\{\w*\}", entry.msgid)), sorted(re.findall(r"\{\w*\}", entry.msgstr))
+        if wanted != got:
+            problems.append(f"{MESSAGES.as_posix()} ({entry.msgid[:50]!r}): placeholders {wanted} became {got}")
+        if not markdown.CJK.search(entry.msgstr):
+            problems.append(f"{MESSAGES.as_posix()} ({entry.msgid[:50]!r}): the translation has no Chinese in it")
     return problems
 
 
