@@ -2,7 +2,8 @@
 """One entry point for learners, instructors and maintainers. Needs only Python 3.11+ and pip.
 
     python3 make.py lab                 install (first time) and open the course in JupyterLab
-                                        (your copies in work/; --instructor: Formgrader)
+                                        (your copies in work/; --instructor: Formgrader;
+                                        --lang zh: the Chinese edition, JupyterLab in Chinese)
     python3 make.py test                install (first time) and run the whole test suite
     python3 make.py check NOTEBOOK      grade one exercise notebook you edited
     python3 make.py release [NAME ...]  regenerate exercises/ from solutions/ with nbgrader
@@ -19,6 +20,9 @@
                                         from the notebooks (--check: only say what is stale)
     python3 make.py site                build the course website (lessons run, with their outputs)
                                         into website/_build/html (--serve: then preview it)
+    python3 make.py i18n build          the Chinese edition (zh/, README.zh-CN.md) from the English
+                                        notebooks and the PO files in locale/zh_CN/ (update: the
+                                        English into the PO files; check; coverage; add PATH)
 
 Everything is installed into ./.venv, never into your system Python. The first run takes a
 few minutes; later runs reinstall only when requirements change. PyTorch: if .venv already
@@ -152,7 +156,7 @@ def jupyter_env() -> dict[str, str]:
 MODULES = {"check": "selfcheck", "release": "release", "links": "links",
            "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom",
            "gpu-report": "gpu_report", "test-torch": "torchrange",
-           "cheatsheet": "cheatsheet", "site": "website"}
+           "cheatsheet": "cheatsheet", "site": "website", "i18n": "i18n"}
 
 
 # Commands that run the test suite need the test-only packages too (`site`: Sphinx and its
