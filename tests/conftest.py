@@ -77,6 +77,7 @@ _SUMMARY_FILES = {
     "grade-class on the simulated class (tests/test_classroom.py)": "grade-class-summary.txt",
     "notebook run times (stand-alone, deprecations as errors)": "notebook-times.txt",
     "GPU records in the lessons (tests/test_gpu_records.py)": "gpu-record-coverage.txt",
+    "the Chinese edition's translation coverage (tests/test_i18n.py)": "i18n-coverage.txt",
 }
 
 

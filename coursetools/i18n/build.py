@@ -173,6 +173,8 @@ class Stats:
 
 
 def _with_pending_note(text: str, kind: str) -> str:
+    if kind == "heading":  # on a line of its own: the heading's anchor stays the English one
+        return f"{text}\n\n{PENDING}"
     if kind == "row":
         stripped = text.rstrip()
         if stripped.endswith("|"):

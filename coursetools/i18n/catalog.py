@@ -97,8 +97,7 @@ def merge(old: polib.POFile | None, templates: list[Template], source: str,
                 entry.previous_msgid = found.previous_msgid
             used.add(id(found))
         else:
-            candidates = [e for e in previous if _usable(e) and e.msgctxt == t.msgctxt
-                          and id(e) not in used and not e.fuzzy]
+            candidates = [e for e in previous if _usable(e) and e.msgctxt == t.msgctxt and not e.fuzzy]
             best, score = None, FUZZY_CUTOFF
             for e in candidates:
                 matcher = difflib.SequenceMatcher(None, e.msgid, t.msgid, autojunk=False)

@@ -56,6 +56,7 @@ def chinese_prose(text: str) -> str:
     """The words of a translation a reader reads as Chinese prose: code, links, tags, URLs,
     "quoted English" and the seed posts' 「quotes」 taken out."""
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
+    text = re.sub(r"<(code|kbd|pre)\b[^>]*>.*?</\1>", " ", text, flags=re.S | re.I)
     text = markdown.prose(text)
     text = QUOTED_ENGLISH.sub(" ", text)
     return SEED_QUOTE.sub(" ", text)
