@@ -200,6 +200,12 @@ class Chapter:
         match = re.match(r"^(.*?),\s*part\s+\d+\b", first, re.IGNORECASE)
         return match.group(1) if match else first
 
+    def part_title(self, index: int) -> str:
+        """A part's title without the chapter's: "Part 2: the recipe in a real training loop"."""
+        title = self.lessons[index].title
+        rest = title[len(self.title):].lstrip(" ,:·") if title.startswith(self.title) else title
+        return (rest[:1].upper() + rest[1:]) if rest else self.lesson_label(index)
+
     def lesson_label(self, index: int) -> str:
         if len(self.lessons) == 1:
             return "Lesson"
@@ -219,6 +225,12 @@ def header_facts(nb: nbformat.NotebookNode) -> tuple[str, str] | None:
     """(prerequisites, time) from a notebook's header cell, as markdown; None if absent."""
     match = HEADER_FACTS.search(nb.cells[0].source) if nb.cells else None
     return (match.group("prereq").rstrip(". "), match.group("time")) if match else None
+
+
+def short_time(time_text: str) -> str:
+    """A header's time as the course map shows it: up to its first colon ("about 45 minutes
+    to read: 2,895 words ..." -> "about 45 minutes to read"); the page has the rest."""
+    return time_text.split(":", 1)[0].strip().rstrip(".")
 
 
 def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:
@@ -331,13 +343,14 @@ def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
     rows = ["| # | Lesson | Exercise | Prerequisites | Time |", "|---|---|---|---|---|"]
     for ch in chapters:
         several = len(ch.lessons) > 1
-        lessons = "<br>".join(f"[{lesson.title if several else ch.title}]({lesson.path})" for lesson in ch.lessons)
+        lessons = "<br>".join(f"[{ch.part_title(i) if several else ch.title}]({lesson.path})"
+                              for i, lesson in enumerate(ch.lessons))
         exercise = (f"[exercise]({ch.exercise}) ({ch.points:g} points)" if ch.exercise else "—")
-        prereq = "<br>".join(" ".join(lesson.prerequisites.split()) for lesson in ch.lessons[:1])
-        times = [f"{ch.lesson_label(i).lower() if several else 'lesson'} {lesson.time}"
+        prereq = " ".join(ch.lessons[0].prerequisites.split())  # (the later parts need the first)
+        times = [f"{ch.lesson_label(i).lower() if several else 'lesson'} {short_time(lesson.time)}"
                  for i, lesson in enumerate(ch.lessons)]
         if ch.exercise_time:
-            times.append(f"exercise {ch.exercise_time}")
+            times.append(f"exercise {short_time(ch.exercise_time)}")
         cells = [ch.number, lessons, exercise, prereq, "; ".join(times)]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     toctrees = []
@@ -362,8 +375,8 @@ def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
         "## Course map", "",
         "Each chapter: a **lesson** to read (shown here with the outputs of a real run: see "
         "[About these outputs](about.md)) and an **exercise** graded by tests (shown as released: "
-        "fill it in on Colab or on your machine). Every page has *Open in Colab* and a download "
-        "button (top right).", "",
+        "fill it in on Colab or on your machine). Every lesson and exercise page has *Open in Colab* "
+        "(the rocket button, top right) and a download button for its notebook.", "",
         *rows, "",
         *([f"The course on one page: the [cheat sheet]({cheatsheet.SHEET})."] if cheatsheet.SHEET in pages else []),
         *(["Where the course comes from: [the posts' myths, checked](docs/MYTHS.md)."]
@@ -398,8 +411,6 @@ def stage(root: Path, dest: Path) -> Staged:
         if (root / rel).exists():
             pages[rel] = rel
     pages["instructors.md"] = "README.md"
-    page_set = set(pages) | {"README.md"}  # README's links to itself: the home page
-    page_set.discard("README.md")
 
     chapters: dict[str, Chapter] = {}
     for lesson, rel in zip(lessons, lesson_rel):
@@ -451,9 +462,10 @@ def stage(root: Path, dest: Path) -> Staged:
     pages["index.md"] = ""
     pages["about.md"] = ""
     _write(dest / "index.md", home_page(root, chapters, set(pages)))
-    badge = SITE_DIR / LOCAL_BADGE
+    badge = (SITE_DIR / LOCAL_BADGE).read_bytes()
     (dest / "_static").mkdir(exist_ok=True)
-    shutil.copy2(badge, dest / LOCAL_BADGE)
+    if not (dest / LOCAL_BADGE).exists() or (dest / LOCAL_BADGE).read_bytes() != badge:
+        (dest / LOCAL_BADGE).write_bytes(badge)
 
     # Whatever an earlier build staged and this one did not is removed (a deleted lesson).
     keep = {dest / p for p in [*pages, *resources]} | {dest / LOCAL_BADGE, dest / MANIFEST}
@@ -530,12 +542,52 @@ def _setup_report(nb: nbformat.NotebookNode) -> tuple[str, str]:
     return "unknown (no setup-cell report in the outputs)", "unknown"
 
 
+def run_notebook(nb: nbformat.NotebookNode, rel: str) -> float:
+    """Run `nb` in place, top to bottom, in a kernel of this environment started in an empty
+    folder; its seconds. The kernel talks over Unix sockets in a private folder (ZeroMQ's ipc
+    transport), not over loopback TCP ports that another process on a busy machine could
+    reach. A cell that raises, or writes to stderr, stops the build."""
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    from traitlets import default
+
+    with tempfile.TemporaryDirectory(prefix="course-site-run-") as cwd, \
+            tempfile.TemporaryDirectory(prefix="course-site-kernel-") as sockets:
+
+        class IpcKernelManager(AsyncKernelManager):
+            @default("transport")
+            def _default_transport(self):
+                return "ipc"
+
+            @default("ip")
+            def _default_ip(self):
+                return os.path.join(sockets, "kernel")  # absolute: the kernel runs in `cwd`
+
+        # The client owns the kernel: it shuts it down and closes its channels, whatever
+        # happens. No timing in the cells' metadata: the cache keys on it.
+        client = NotebookClient(nb, kernel_manager_class=IpcKernelManager, timeout=CELL_TIMEOUT_S,
+                                allow_errors=False, record_timing=False,
+                                resources={"metadata": {"path": cwd}})
+        started = time.perf_counter()
+        try:
+            client.execute()
+        except CellExecutionError as exc:
+            raise SiteError(f"{rel} failed while building the site:\n{exc}") from None
+        except Exception as exc:  # a dead kernel, a cell over its time limit
+            raise SiteError(f"{rel} did not run to the end: {type(exc).__name__}: {exc}") from None
+        seconds = time.perf_counter() - started
+    stderr = _stderr(nb)
+    if stderr:
+        raise SiteError(f"{rel} wrote to stderr (no lesson cell may): " + "; ".join(stderr))
+    return seconds
+
+
 def execute_lessons(staged: Staged, cache_dir: Path, log=print) -> list[Execution]:
     """Run each staged lesson unless the cache holds a run of the same code cells, made with
     this PyTorch and Python; return where each lesson's outputs come from."""
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
-    from jupyter_cache.executors.utils import single_nb_execution
 
     cache = get_cache(str(cache_dir))
     env = environment()
@@ -554,20 +606,13 @@ def execute_lessons(staged: Staged, cache_dir: Path, log=print) -> list[Executio
         if record is None:
             log(f"  running {rel} ...", )
             started = datetime.datetime.now().astimezone()
-            with tempfile.TemporaryDirectory(prefix="course-site-run-") as cwd:
-                result = single_nb_execution(nb, cwd=cwd, timeout=CELL_TIMEOUT_S, allow_errors=False,
-                                             meta_override=False)
-            if result.err is not None:
-                raise SiteError(f"{rel} failed while building the site:\n{result.exc_string}")
-            stderr = _stderr(nb)
-            if stderr:
-                raise SiteError(f"{rel} wrote to stderr (no lesson cell may): " + "; ".join(stderr))
+            seconds = run_notebook(nb, rel)
             record = cache.cache_notebook_bundle(
                 CacheBundleIn(nb, str(path), data={
-                    "execution_seconds": result.time, "environment": env, "machine": machine(),
+                    "execution_seconds": seconds, "environment": env, "machine": machine(),
                     "executed_at": started.isoformat(timespec="seconds")}),
                 check_validity=False, overwrite=True)
-            log(f"  ran {rel} in {result.time:.1f} s")
+            log(f"  ran {rel} in {seconds:.1f} s")
         executed = cache.get_cache_bundle(record.pk).nb
         torch, device = _setup_report(executed)
         data = record.data or {}
@@ -575,6 +620,20 @@ def execute_lessons(staged: Staged, cache_dir: Path, log=print) -> list[Executio
                               data.get("executed_at") or record.created.isoformat(timespec="seconds"),
                               torch, device, data.get("machine")))
     return done
+
+
+def _children() -> list[str]:
+    """This process's child processes still running (none once every kernel is shut down)."""
+    try:
+        import psutil
+    except ImportError:  # (ipykernel needs psutil; without it, nothing to check with)
+        return []
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{child.pid} {' '.join(child.cmdline())[:120]}")
+    return found
 
 
 def about_page(executions: list[Execution], staged: Staged) -> str:
@@ -672,6 +731,9 @@ def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path
         staged = stage(root, build_dir / "src")
         log(f"staged {len(staged.pages)} pages from {root}")
         executions = execute_lessons(staged, cache_dir, log)
+        left = _children()
+        if left:
+            raise SiteError(f"a lesson's kernel was left running: {left}")
         _write(staged.folder / "about.md", about_page(executions, staged))
         _sphinx(staged.folder, html, build_dir / "doctrees", cache_dir)
     # The download buttons serve the repository's notebooks, exactly as Colab opens them.
@@ -827,7 +889,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbuilt {result.pages} pages in {result.seconds:.1f} s: {result.html}/index.html "
           f"({len(ran)} lesson(s) run, {len(result.executions) - len(ran)} from the cache)")
     if args.serve:
-        httpd = server(result.html, args.port)
+        try:
+            httpd = server(result.html, args.port)
+        except OSError as exc:
+            print(f"error: cannot serve on 127.0.0.1:{args.port} ({exc}); try --port 8001", file=sys.stderr)
+            return 1
         print(f"serving the site on http://127.0.0.1:{httpd.server_address[1]}/ (Ctrl-C stops it)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             httpd.serve_forever()

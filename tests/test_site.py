@@ -324,9 +324,11 @@ def test_home_page_gives_each_chapter_its_prerequisites_and_time(site):
     for lesson in layout.lessons():
         facts = website.header_facts(notebooks.read(lesson))
         assert facts, f"{lesson.name}: no prerequisites and time in its header"
-        assert facts[1] in text, f"the home page lacks {lesson.name}'s time ({facts[1]!r})"
-        prereq = " ".join(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", facts[0]).replace("`", "").split())
-        assert prereq in text, f"the home page lacks {lesson.name}'s prerequisites ({prereq!r})"
+        assert website.short_time(facts[1]) in text, f"the home page lacks {lesson.name}'s time ({facts[1]!r})"
+        first_part = min(p for p in layout.lessons() if p.stem[:2] == lesson.stem[:2])
+        if lesson == first_part:  # a later part's prerequisite is the first part
+            prereq = " ".join(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", facts[0]).replace("`", "").split())
+            assert prereq in text, f"the home page lacks {lesson.name}'s prerequisites ({prereq!r})"
 
 
 def test_about_page_names_the_pytorch_and_machine_of_the_outputs(site):
@@ -370,33 +372,47 @@ def test_built_pages_fetch_nothing_from_elsewhere(site):
 # Recorded GPU output
 # --------------------------------------------------------------------------------------
 
-def recorded_fixture(dest_root: Path) -> tuple[object, gpu_records.Device]:
-    """A repository with one lesson, tests/fixtures_gpu/tiny_lesson.json, recorded (run on
-    this machine: its blocks are labelled with what this machine is)."""
+PART_2 = {"cells": [
+    {"cell_type": "markdown", "metadata": {}, "source": (
+        "# 00 · A tiny lesson, part 2: one more cell\n\n"
+        "**Prerequisites:** [part 1](00_tiny.ipynb). **Time:** about 2 minutes to read: 12 words.")},
+    {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": "print(6 * 7)"}],
+    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+    "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture(scope="module")
+def tiny_site(tmp_path_factory):
+    """A site built from a fixture repository: chapter 00 in two parts, part 1 being
+    tests/fixtures_gpu/tiny_lesson.json with its GPU-dependent cells recorded (run on this
+    machine, so its blocks are labelled with what this machine is), part 2 a one-cell lesson."""
     from coursetools import gpu_report, standalone
 
+    scratch = tmp_path_factory.mktemp("tiny-site")
+    repo = scratch / "repo"
     lesson = notebooks.read(ROOT / "tests" / "fixtures_gpu" / "tiny_lesson.json")
     lesson.cells[0].source += "\n\n**Prerequisites:** none. **Time:** about 1 minute."
-    run = standalone.run_notebook(lesson, dest_root.parent / "record", filename="tiny.ipynb", strict=False)
+    run = standalone.run_notebook(lesson, scratch / "record", filename="tiny.ipynb", strict=False)
     assert not run.problems, run.problems
     device = gpu_records.device_from(gpu_report.machine())
     recorded, notes = gpu_records.write_blocks(lesson, run.executed_nb.cells, device)
     assert not notes and sum(map(gpu_records.is_block, recorded.cells)) == 4
-    notebooks.write(recorded, dest_root / "course" / "00_tiny.ipynb")
-    (dest_root / "solutions").mkdir()
-    (dest_root / "README.md").write_text("# Tiny\n\nA fixture course.\n\n## For instructors\n\nNothing.\n")
-    return recorded, device
+    notebooks.write(recorded, repo / "course" / "00_tiny.ipynb")
+    (repo / "course" / "00_tiny_2.ipynb").write_text(json.dumps(PART_2))
+    (repo / "solutions").mkdir()
+    (repo / "README.md").write_text("# Tiny\n\nA fixture course.\n\n## For instructors\n\nNothing.\n")
+    build_site(scratch / "build", root=repo, cache=scratch / "cache")
+    return {"html": scratch / "build" / "html", "src": scratch / "build" / "src", "recorded": recorded,
+            "device": device}
 
 
-def test_recorded_gpu_blocks_render_with_their_labels(tmp_path):
+def test_recorded_gpu_blocks_render_with_their_labels(tiny_site):
     """A lesson with record blocks: each is a collapsed <details> whose summary is the
     block's label, holding the recorded text and, for the figure, an image on disk."""
-    fixture = tmp_path / "repo"
-    recorded, device = recorded_fixture(fixture)
-    build_site(tmp_path / "build", root=fixture, cache=tmp_path / "cache")
-    raw = (tmp_path / "build" / "html" / "course" / "00_tiny.html").read_text(encoding="utf-8")
+    page = tiny_site["html"] / "course" / "00_tiny.html"
+    raw = page.read_text(encoding="utf-8")
     blocks = re.findall(r"<details>(.*?)</details>", raw, re.DOTALL)
-    expected = [c.source for c in recorded.cells if gpu_records.is_block(c)]
+    expected = [c.source for c in tiny_site["recorded"].cells if gpu_records.is_block(c)]
     assert len(blocks) == len(expected) == 4, f"{len(blocks)} <details> blocks on the page, {len(expected)} recorded"
     for shown, source in zip(blocks, expected):
         summary = re.search(r"<summary>(.*?)</summary>", shown, re.DOTALL).group(1)
@@ -408,9 +424,23 @@ def test_recorded_gpu_blocks_render_with_their_labels(tmp_path):
         if "attachment:" in source:
             images = re.findall(r'<img[^>]+src="([^"]+)"', shown)
             assert images, "the recorded figure is not shown"
-            path = (tmp_path / "build" / "html" / "course" / images[0]).resolve()
+            path = (page.parent / images[0]).resolve()
             assert path.exists() and path.stat().st_size > 1000, f"the figure {images[0]} is not in the site"
-    assert device.label().split(" the cell")[0] in html.unescape(raw)
+    assert tiny_site["device"].label().split(" the cell")[0] in html.unescape(raw)
+
+
+def test_a_chapter_in_parts_is_one_chapter_of_the_map(tiny_site):
+    """Lessons 00_tiny and 00_tiny_2: one sidebar caption, one course-map row, both parts
+    with their times, each part a page with its own Colab link."""
+    index = (tiny_site["src"] / "index.md").read_text()
+    assert index.count(":caption: 00 ·") == 1, index
+    assert "Lesson, part 1 <course/00_tiny>" in index and "Lesson, part 2 <course/00_tiny_2>" in index
+    rows = [line for line in index.splitlines() if line.startswith("| 00 |")]
+    assert len(rows) == 1 and "about 1 minute" in rows[0] and "about 2 minutes to read" in rows[0], rows
+    assert "12 words" not in rows[0], "the course map shows the time up to its first colon"
+    raw = (tiny_site["html"] / "course" / "00_tiny_2.html").read_text(encoding="utf-8")
+    assert layout.config().colab_url("course/00_tiny_2.ipynb") in raw and "42" in page_text(
+        tiny_site["html"] / "course" / "00_tiny_2.html")
 
 
 def page_text_of(fragment: str) -> str:
