@@ -14,6 +14,11 @@ It then runs in a scratch folder, cell by cell; a test cell scores its points wh
 without an error and without writing to stderr (nbgrader's rule). A test that never ran
 (the kernel died or hung first) scores 0.
 Exit status: 0 full marks, 1 points missing, 2 the input could not be graded.
+
+The report is in Chinese for a notebook of the Chinese edition (or with `--lang zh`): the
+self-check's own words come from locale/zh_CN/tools/messages.po, the test descriptions from
+the exercise's PO file (coursetools/i18n); the tests' own messages stay as the tests wrote
+them (English).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from nbformat import NotebookNode, v4
 
 from . import lab, layout, notebooks
 from .execute import CELL_TIMEOUT_S, Outcome, execute_resilient
+from .i18n import describe_test, notebook_language, set_language, tr
 from .notebooks import NotebookError
 
 
@@ -118,23 +124,22 @@ def rebuild(learner: NotebookNode, source: NotebookNode, visible_only: bool = Fa
 
 def _message(cell: NotebookNode, outcome: Outcome) -> str:
     if outcome is Outcome.NOT_RUN:
-        return "did not run: the kernel crashed or hung too often before this test"
+        return tr("did not run: the kernel crashed or hung too often before this test")
     for out in cell.outputs:
         if out.output_type == "error":
             if out.ename == "NotImplementedError" and not out.evalue.strip():
-                return "not answered yet: the answer cell still raises NotImplementedError"
+                return tr("not answered yet: the answer cell still raises NotImplementedError")
             if out.ename == "NameError":
-                return f"NameError: {out.evalue} (did the answer cell run without an error?)"
+                return f"NameError: {out.evalue} " + tr("(did the answer cell run without an error?)")
             if out.ename == "AssertionError":
                 return f"{out.ename}: {out.evalue}".strip()
             where = _where(out)
             if where:  # not a check that failed: the code under test raised while the test ran
-                return f"{out.ename}: {out.evalue}".strip() + f"  [raised by your code, {where}]"
+                return f"{out.ename}: {out.evalue}".strip() + "  " + tr("[raised by your code, {where}]").format(where=where)
             return f"{out.ename}: {out.evalue}".strip()
         if out.output_type == "stream" and out.get("name") == "stderr":
             first = out.text.strip().splitlines()[0] if out.text.strip() else ""
-            return ("wrote to stderr, which scores 0 under nbgrader (a warning?): "
-                    f"{first}")
+            return tr("wrote to stderr, which scores 0 under nbgrader (a warning?): ") + first
     return ""
 
 
@@ -195,19 +200,21 @@ def check(path: Path, *, timeout: int = CELL_TIMEOUT_S, visible_only: bool = Fal
 
 def format_report(path: Path, name: str, results: list[QuestionResult], seconds: float,
                   visible_only: bool) -> str:
-    which = "visible tests only" if visible_only else "visible and hidden tests"
-    lines = [f"Self-check of {path} (assignment {name}; {which}; your file is not modified)", ""]
+    which = tr("visible tests only") if visible_only else tr("visible and hidden tests")
+    lines = [tr("Self-check of {path} (assignment {name}; {which}; your file is not modified)").format(
+        path=path, name=name, which=which), ""]
     width = max((len(r.grade_id) for r in results), default=10)
     for r in results:
         mark = "ok  " if r.score == r.max_score else "FAIL"
-        lines.append(f"  {mark} {r.score:g}/{r.max_score:g}  {r.grade_id:<{width}}  {r.what}")
+        lines.append(f"  {mark} {r.score:g}/{r.max_score:g}  {r.grade_id:<{width}}  {describe_test(name, r.what)}")
         if r.message:
             lines.append(textwrap.indent(textwrap.fill(_shorten(r.message), width=96), " " * 12))
     total = sum(r.score for r in results)
     possible = sum(r.max_score for r in results)
-    lines += ["", f"Score: {total:g}/{possible:g}   ({seconds:.1f} s)"]
+    lines += ["", tr("Score: {total}/{possible}   ({seconds} s)").format(
+        total=f"{total:g}", possible=f"{possible:g}", seconds=f"{seconds:.1f}")]
     if total < possible:
-        lines.append("Fix the first failing question first: later ones often use its answer.")
+        lines.append(tr("Fix the first failing question first: later ones often use its answer."))
     return "\n".join(lines)
 
 
@@ -223,13 +230,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the tests you can see in the notebook (as in Colab)")
     parser.add_argument("--as-given", action="store_true",
                         help="grade exactly the file given, even where `make.py lab` made you a copy")
+    parser.add_argument("--lang", choices=("en", "zh"), default=None,
+                        help="the report's language (default: Chinese for a notebook of the Chinese edition)")
     args = parser.parse_args(argv)
+    set_language(args.lang or notebook_language(args.notebook))
     notebook = args.notebook
     # make.py lab (learner mode) works on copies in work/
     mine = None if args.as_given else lab.learner_copy(notebook)
     if mine is not None:
         notebook = mine.relative_to(layout.ROOT) if mine.is_relative_to(layout.ROOT) else mine
-        print(f"{args.notebook} is the course's original; checking your copy, {notebook}\n")
+        print(tr("{given} is the course's original; checking your copy, {copy}").format(
+            given=args.notebook, copy=notebook) + "\n")
     start = time.perf_counter()
     try:
         name, results = check(notebook, timeout=args.timeout, visible_only=args.visible_only)
