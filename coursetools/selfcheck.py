@@ -13,6 +13,11 @@ The graded copy is rebuilt from the learner's answers and the course's own cells
 It then runs in a scratch folder, cell by cell; a test cell scores its points when it ran
 without an error and without writing to stderr (nbgrader's rule). A test that never ran
 (the kernel died or hung first) scores 0.
+
+The static review of grade-class (coursetools.review) reads the learner's cells too, and
+the report lists its findings under the score: the lines an instructor's grading would flag
+for a human look (frame access, `exec`, patching torch, ...). They change neither the score
+nor the exit status: the self-check tells, the instructor decides.
 Exit status: 0 full marks, 1 points missing, 2 the input could not be graded.
 
 The report is in Chinese for a notebook of the Chinese edition (or with `--lang zh`): the
@@ -34,7 +39,7 @@ from pathlib import Path
 
 from nbformat import NotebookNode, v4
 
-from . import lab, layout, notebooks
+from . import lab, layout, notebooks, review
 from .execute import CELL_TIMEOUT_S, Outcome, execute_resilient
 from .i18n import describe_test, notebook_language, set_language, tr
 from .notebooks import NotebookError
@@ -188,18 +193,31 @@ def score_cells(nb: NotebookNode, outcomes: list[Outcome]) -> list[QuestionResul
 
 
 def check(path: Path, *, timeout: int = CELL_TIMEOUT_S, visible_only: bool = False,
-          root: Path = layout.ROOT) -> tuple[str, list[QuestionResult]]:
+          root: Path = layout.ROOT, findings: list[review.Finding] | None = None
+          ) -> tuple[str, list[QuestionResult]]:
+    """Grade `path`; the static review's findings are appended to `findings` when given."""
     learner = notebooks.read(path)
     name = find_assignment(learner, path, root)
     source = notebooks.read(layout.source_notebook(name, root))
     graded = rebuild(learner, source, visible_only=visible_only)
+    if findings is not None:
+        findings.extend(review.review_notebook(rebuild(learner, source)))
     with tempfile.TemporaryDirectory(prefix="selfcheck-") as scratch:
         report = execute_resilient(graded, cwd=scratch, timeout=timeout)
     return name, score_cells(graded, report.outcomes)
 
 
+def format_findings(findings: list[review.Finding]) -> str:
+    if not findings:
+        return ""
+    lines = ["", "Flagged for review: an instructor's grading flags these lines for a human look "
+                 "(code no answer needs); the score above is not changed."]
+    lines += [f"  {finding}" for finding in findings]
+    return "\n".join(lines)
+
+
 def format_report(path: Path, name: str, results: list[QuestionResult], seconds: float,
-                  visible_only: bool) -> str:
+                  visible_only: bool, findings: list[review.Finding] | None = None) -> str:
     which = tr("visible tests only") if visible_only else tr("visible and hidden tests")
     lines = [tr("Self-check of {path} (assignment {name}; {which}; your file is not modified)").format(
         path=path, name=name, which=which), ""]
@@ -215,7 +233,7 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
         total=f"{total:g}", possible=f"{possible:g}", seconds=f"{seconds:.1f}")]
     if total < possible:
         lines.append(tr("Fix the first failing question first: later ones often use its answer."))
-    return "\n".join(lines)
+    return "\n".join(lines) + format_findings(findings or [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,12 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         print(tr("{given} is the course's original; checking your copy, {copy}").format(
             given=args.notebook, copy=notebook) + "\n")
     start = time.perf_counter()
+    findings: list[review.Finding] = []
     try:
-        name, results = check(notebook, timeout=args.timeout, visible_only=args.visible_only)
+        name, results = check(notebook, timeout=args.timeout, visible_only=args.visible_only,
+                              findings=findings)
     except NotebookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only))
+    print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only,
+                        findings))
     if not results:
         return 2
     return 0 if all(r.score == r.max_score for r in results) else 1
