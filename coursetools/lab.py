@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     i18n.set_language(args.lang)
     cmd = command(layout.ROOT, instructor=args.instructor, extra_args=rest, lang=args.lang)
-    exercise = f"{WORK_DIR}/{ZH + '/' if args.lang == ZH else ''}exercises/01_device_basics/01_device_basics{EXERCISE_SUFFIX}.ipynb"
+    edition = f"{ZH}/" if args.lang == ZH else ""
+    exercise = f"{WORK_DIR}/{edition}exercises/01_device_basics/01_device_basics{EXERCISE_SUFFIX}.ipynb"
     if cmd.report is not None:
         print(tr("Learner mode: your notebooks are in {work}/ (git-ignored), so what you run, "
                  "type and save stays yours and the course's own files stay as they are.").format(work=WORK_DIR))

@@ -75,7 +75,8 @@ def test_chinese_notebooks_are_not_chapters_of_the_english_course():
 
 def test_every_translation_keeps_structure_quotes_and_glossary():
     problems = checks.po_problems(ROOT)
-    assert not problems, "\n".join(problems[:40]) + (f"\n... and {len(problems) - 40} more" if len(problems) > 40 else "")
+    more = f"\n... and {len(problems) - 40} more" if len(problems) > 40 else ""
+    assert not problems, "\n".join(problems[:40]) + more
 
 
 def test_seed_posts_quotes_are_verbatim(fresh):
@@ -108,9 +109,9 @@ def test_glossary_check_flags_english_terms_and_allows_code_and_kept_terms():
     assert checks.glossary_problems("把 tensor 移到 GPU 上", terms), "an English term in Chinese prose must be flagged"
     assert checks.glossary_problems("这些 buffers 会被移动", terms), "plurals too"
     assert checks.glossary_problems("优化器的 `step` 之后，缓存区里", terms), "a rendering the glossary avoids"
-    for fine in ("把 `tensor` 移到 CUDA GPU 上", "调用 `model.to(device)`", "报错 \"Expected all tensors to be on the same device\"",
-                 "[链接](https://example.org/tensor)", "<code>device</code> 和 PyTorch", "用 x.device 比较",
-                 "「to(device)本身不会做任何校验」"):
+    for fine in ("把 `tensor` 移到 CUDA GPU 上", "调用 `model.to(device)`",
+                 "报错 \"Expected all tensors to be on the same device\"", "[链接](https://example.org/tensor)",
+                 "<code>device</code> 和 PyTorch", "用 x.device 比较", "「to(device)本身不会做任何校验」"):
         assert not checks.glossary_problems(fine, terms), fine
 
 
@@ -357,7 +358,8 @@ def test_lab_lang_zh_copies_the_chinese_edition_and_sets_jupyterlab_in_chinese(t
     work = lab.work_dir(tmp_path)
     for src in NOTEBOOK_SOURCES:
         rel = Path(src.target)
-        copy = work / rel if src.kind == "lesson" else work / rel.parent / f"{rel.parent.name}{lab.EXERCISE_SUFFIX}.ipynb"
+        exercise_copy = work / rel.parent / f"{rel.parent.name}{lab.EXERCISE_SUFFIX}.ipynb"
+        copy = work / rel if src.kind == "lesson" else exercise_copy
         assert copy.exists(), f"{copy} was not made"
         broken = [link for link in lab.relative_links(json.loads(copy.read_text(encoding="utf-8")))
                   if not (copy.parent / link).is_file()]

@@ -19,7 +19,7 @@ import pytest
 
 from coursetools import lab, layout, notebooks
 from tests.test_browser import (PAGE_LOAD_MS, RUN_ALL_MS, STDERR_MIME, _CELLS, _RUN_FINISHED,  # noqa: F401
-                                checkout_copy, chromium, follow_link, server_factory, wait_for_notebook)
+                                chromium, follow_link, server_factory, wait_for_notebook)
 
 ROOT = layout.ROOT
 SCREENSHOT = ROOT / "test-artifacts" / "screenshots" / "jupyterlab-zh-lesson-01.png"

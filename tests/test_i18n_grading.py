@@ -17,8 +17,6 @@ import copy
 import html
 import re
 
-import pytest
-
 from coursetools import fixtures, layout, notebooks
 from coursetools.i18n import build, markdown
 from coursetools.nbgrader_course import NbgraderCourse
@@ -66,7 +64,8 @@ def check_chinese_submissions(src, tmp_path) -> None:
     tests_with_hidden = {notebooks.grade_id(c) for c in notebooks.test_cells(source)
                          if notebooks.BEGIN_HIDDEN in c.source}
     restored = set(re.findall(r"Attribute '\w+' for cell (\S+) has changed", log.stdout + log.stderr))
-    assert restored <= tests_with_hidden, f"nbgrader restored cells of a Chinese submission: {restored - tests_with_hidden}"
+    assert restored <= tests_with_hidden, (
+        f"nbgrader restored cells of a Chinese submission: {restored - tests_with_hidden}")
 
     # The graded notebook and the feedback keep the Chinese statement.
     graded = course.autograded_notebook("zh-solution", name)

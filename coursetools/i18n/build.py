@@ -19,7 +19,6 @@ a Chinese submission from an English one).
 from __future__ import annotations
 
 import copy
-import os
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -441,7 +440,3 @@ def coverage_table(rows) -> str:
     pct = f"{100 * totals[1] / totals[0]:.1f}%" if totals[0] else "—"
     lines.append(f"{'total':<{width}}{totals[0]:>8}{totals[1]:>12}{totals[2]:>7}{totals[3]:>9}{pct:>10}")
     return "\n".join(lines) + "\n"
-
-
-def relpath_from_root(path: Path, root: Path = layout.ROOT) -> str:
-    return os.path.relpath(path, root)
