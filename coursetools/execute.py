@@ -27,12 +27,15 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty
 from typing import Any, Callable
 
 from nbclient import NotebookClient
-from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbclient.exceptions import CellExecutionComplete, CellTimeoutError, DeadKernelError
+from nbclient.util import ensure_async
 from nbformat import NotebookNode, v4
 from traitlets import Integer
 
@@ -44,6 +47,9 @@ CELL_TIMEOUT_S = 180  # per cell: chapter 06's graded cell launches 2 processes 
 SUBMISSION_BUDGET_S = 5 * CELL_TIMEOUT_S  # per notebook, kernel starts and restarts included
 BUDGET_ENAME = "SubmissionBudgetExceeded"
 GUARD_TIMEOUT_S = 120  # a tamper-check cell of the grader's (it imports torch once)
+ERROR_FLOOR_BYTES = 2_000  # an error output keeps this much even past the output caps (it is evidence)
+FORGED_REPLY = ("the kernel answered this cell twice (two replies or two idle statuses): code in the "
+                "kernel sent a forged result before the real one")
 
 
 class KernelStartError(RuntimeError):
@@ -65,6 +71,7 @@ class ExecutionReport:
     gave_up_at: int | None = None  # index of the first cell left unrun after too many restarts
     notes: list[str] = field(default_factory=list)
     tampering: dict[int, str] = field(default_factory=dict)  # test cell index -> what changed
+    forged: dict[int, str] = field(default_factory=dict)  # cell index -> a forged reply seen
     budget_exceeded_at: int | None = None  # the cell running when the budget ran out
     seconds: float = 0.0
     dropped_output_bytes: int = 0
@@ -81,11 +88,37 @@ def _size(value: Any) -> int:
     return 8
 
 
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit:,} characters cut: over the output cap]"
+
+
+def truncated_error(content: dict, budget: int) -> dict:
+    """An error message's content cut to about `budget` bytes: its name, the start of its
+    message and the last frames of its traceback (an error is kept, cut, never dropped)."""
+    budget = max(budget, ERROR_FLOOR_BYTES)
+    out = dict(content)
+    out["ename"] = _cut(str(content.get("ename", "")), 200)
+    out["evalue"] = _cut(str(content.get("evalue", "")), budget // 2)
+    frames, left = [], budget // 2
+    for frame in reversed(list(content.get("traceback") or [])):
+        frame = _cut(str(frame), max(left, 0))
+        if left <= 0:
+            break
+        frames.insert(0, frame)
+        left -= len(frame)
+    out["traceback"] = frames
+    return out
+
+
 class CappedClient(NotebookClient):
     """A NotebookClient that keeps at most `max_output_bytes` of output per cell and
-    `max_total_output_bytes` per notebook (display updates included), and records, per
-    cell, the evidence the verdict uses: the execute_reply, and whether any `error` or
-    stderr message arrived on iopub (whatever happened to the outputs afterwards).
+    `max_total_output_bytes` per notebook (display updates and error messages included), and
+    records, per cell, the evidence the verdict uses: the execute_reply, whether any `error`
+    or stderr message arrived on iopub (whatever happened to the outputs afterwards), and how
+    many replies and idle statuses the kernel sent for each request (more than one: a forged
+    reply, sent by code in the kernel before the real one).
     """
 
     max_output_bytes = Integer(2_000_000, help="Output kept per cell, bytes").tag(config=True)
@@ -95,6 +128,9 @@ class CappedClient(NotebookClient):
         super().__init__(*args, **kwargs)
         self.evidence: dict[int, set[str]] = {}
         self.replies: dict[int, dict] = {}
+        self.requests: dict[int, str] = {}  # cell index -> msg_id of its execute_request
+        self.reply_count: Counter[str] = Counter()
+        self.idle_count: Counter[str] = Counter()
         self.dropped = 0
         self._runtime_dir = runtime_dir
         self.on_cell_executed = self._record_reply
@@ -106,7 +142,65 @@ class CappedClient(NotebookClient):
         return km
 
     def _record_reply(self, cell, cell_index, execute_reply):
-        self.replies[cell_index] = (execute_reply or {}).get("content", {})
+        reply = execute_reply or {}
+        content = dict(reply.get("content", {}))
+        for key in ("evalue", "traceback"):  # the reply repeats the error: kept small too
+            if key in content:
+                content[key] = _cut(str(content[key]), ERROR_FLOOR_BYTES) if key == "evalue" else []
+        self.replies[cell_index] = content
+        request = (reply.get("parent_header") or {}).get("msg_id")
+        if request:
+            self.requests[cell_index] = request
+
+    def _count(self, channel: str, msg: dict) -> None:
+        request = (msg.get("parent_header") or {}).get("msg_id")
+        if not request:
+            return
+        kind = msg.get("msg_type")
+        if channel == "shell" and kind == "execute_reply":
+            self.reply_count[request] += 1
+        elif channel == "iopub" and kind == "status" and (msg.get("content") or {}).get("execution_state") == "idle":
+            self.idle_count[request] += 1
+
+    def forged_cells(self) -> list[int]:
+        """Cells whose request got more than one reply or idle status: the first of them, which
+        made the client take the cell as done, was forged by code in the kernel. (Messages of a
+        cell that arrive after it was done are read while the next cell runs; the grader's
+        check after each test is that next cell.)"""
+        return [i for i, request in self.requests.items()
+                if self.reply_count[request] > 1 or self.idle_count[request] > 1]
+
+    # nbclient 0.10-0.11's own loops, with every message counted (nbclient drops those of
+    # earlier requests without a word).
+    async def async_wait_for_reply(self, msg_id, cell=None):
+        assert self.kc is not None
+        timeout = self._get_timeout(cell)
+        cummulative_time = 0
+        while True:
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=self.shell_timeout_interval))
+            except Empty:
+                await self._async_check_alive()
+                cummulative_time += self.shell_timeout_interval
+                if timeout and cummulative_time > timeout:
+                    await self._async_handle_timeout(timeout, cell)
+                    break
+            else:
+                self._count("shell", msg)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return msg
+        return None
+
+    async def _async_poll_output_msg(self, parent_msg_id, cell, cell_index):
+        assert self.kc is not None
+        while True:
+            msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=None))
+            self._count("iopub", msg)
+            if msg["parent_header"].get("msg_id") == parent_msg_id:
+                try:
+                    self.process_message(msg, cell, cell_index)
+                except CellExecutionComplete:
+                    return
 
     def _cap_note(self, outs, cell_index):
         counts = self.__dict__.setdefault("_output_bytes", {})
@@ -139,9 +233,14 @@ class CappedClient(NotebookClient):
         used = counts.get(cell_index, 0)
         total = self.__dict__.get("_total_bytes", 0)
         size = _size(msg.get("content", ""))
+        room = min(self.max_output_bytes - used, self.max_total_output_bytes - total)
         if msg["msg_type"] == "error":
-            size = min(size, 20_000)
-        elif used + size > self.max_output_bytes or total + size > self.max_total_output_bytes:
+            if size > room:  # an error is evidence: kept, cut to what the caps leave
+                msg = dict(msg, content=truncated_error(msg.get("content") or {}, room))
+                cut = _size(msg["content"])
+                self.dropped += size - cut
+                size = cut
+        elif size > room:
             self.dropped += size
             self._cap_note(outs, cell_index)
             return None
@@ -192,6 +291,18 @@ def _reply_error(cell: NotebookNode, reply: dict | None, evidence: set[str]) -> 
         ename, evalue = "HiddenError", (f"the kernel reported status {(reply or {}).get('status')!r} "
                                         "or an error the outputs no longer show")
     cell.outputs.insert(0, error_output(ename, evalue))
+
+
+def _mark_forged(nb: NotebookNode, client: CappedClient, outcomes: list[Outcome],
+                 report: ExecutionReport) -> None:
+    """A cell the kernel answered twice failed, whatever the first (forged) answer said."""
+    for i in client.forged_cells():
+        if i in report.forged:
+            continue
+        report.forged[i] = FORGED_REPLY
+        outcomes[i] = Outcome.ERROR
+        nb.cells[i].outputs.insert(0, error_output(guard.TAMPER_ENAME, FORGED_REPLY))
+        report.notes.append(f"cell {i}: {FORGED_REPLY}")
 
 
 def _kernel_env(env: dict[str, str] | None, private: str) -> dict[str, str]:
@@ -248,6 +359,11 @@ def execute_resilient(
     # Map the instrumented run back onto the notebook's own cells.
     run_outcomes = report.outcomes
     report.tampering = guard.collect_outputs(nb, inst, [o.value for o in run_outcomes])
+    for i, (before, after) in inst.checks.items():  # a forged reply for a test or its checks
+        forged = [report.forged[j] for j in (before, inst.positions[i], after) if j in report.forged]
+        if forged:
+            report.tampering[i] = "; ".join(m for m in (report.tampering.get(i), forged[0]) if m)
+    report.forged = {i: m for i, m in ((i, report.forged.get(p)) for i, p in enumerate(inst.positions)) if m}
     report.outcomes = [run_outcomes[p] for p in inst.positions]
     for i in report.tampering:
         report.outcomes[i] = Outcome.ERROR
@@ -334,11 +450,13 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
                         outcomes[index] = Outcome.OK
                     index += 1
         except _BudgetSpent:
+            _mark_forged(nb, client, outcomes, report)
             report.budget_exceeded_at = index
             report.notes.append(f"cell {index}: the notebook's time budget ran out")
             dropped += client.dropped
             break
         except _RestartKernel:
+            _mark_forged(nb, client, outcomes, report)
             report.restarts += 1
             report.notes.append(f"cell {index - 1}: out of memory, kernel restarted")
             if report.restarts > max_restarts:
@@ -346,6 +464,7 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
                 dropped += client.dropped
                 break
         except (DeadKernelError, CellTimeoutError, RuntimeError) as exc:
+            _mark_forged(nb, client, outcomes, report)
             # RuntimeError: nbclient's "Kernel died before replying to kernel_info".
             if not started:
                 if time.monotonic() >= deadline:
@@ -391,6 +510,7 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
                 report.gave_up_at = index if index < len(nb.cells) else None
                 break
         else:
+            _mark_forged(nb, client, outcomes, report)
             dropped += client.dropped
     report.dropped_output_bytes = dropped
     report.seconds = time.monotonic() - start

@@ -6,6 +6,7 @@ import builtins
 import os
 import re
 import shutil
+import stat
 import tempfile
 from typing import Tuple
 
@@ -16,7 +17,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Bool, Integer, List, Unicode
 
-from . import execute, guard, notebooks
+from . import execute, guard, notebooks, review
 from .execute import (
     BUDGET_ENAME,
     CELL_TIMEOUT_S,
@@ -61,7 +62,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SAFE_ENAMES = {name for name, value in vars(builtins).items()
                 if isinstance(value, type) and issubclass(value, BaseException)} | {
     guard.TAMPER_ENAME, BUDGET_ENAME, "CellTimeoutError", "DeadKernelError", "NotExecuted",
-    "StderrWritten", "HiddenError"}
+    "StderrWritten", "HiddenError", review.REVIEW_ENAME}
 _GRADER_ENAMES = {guard.TAMPER_ENAME, BUDGET_ENAME, "CellTimeoutError", "DeadKernelError", "NotExecuted"}
 
 
@@ -124,8 +125,12 @@ class ResilientExecute(NbGraderPreprocessor):
       (gradebook, solutions, other submissions), no network, limited memory and CPU, in a
       scratch folder deleted afterwards;
     * test cells reach the kernel compiled (hidden tests never as text), and any output
-      line still holding hidden-test source is removed;
-    * output is capped per cell and per notebook (display updates included).
+      line still holding hidden-test source or a hidden test's string constant is removed;
+    * output is capped per cell and per notebook (display updates and errors included);
+    * the static review (coursetools.review) reads the student's cells and puts what it
+      flags first in the flagged cell (`FlaggedForReview`); the score is not changed;
+    * files from the submission folder reach the kernel's scratch folder as regular files
+      only: symbolic links are not followed.
     """
 
     timeout = Integer(CELL_TIMEOUT_S, help="Seconds a cell may run before it is stopped").tag(config=True)
@@ -156,15 +161,25 @@ class ResilientExecute(NbGraderPreprocessor):
                              max_processes=self.max_processes, file_mb=self.file_mb,
                              tmpfs_mb=self.tmpfs_mb, hide=tuple(hide), expose=())
 
+    def submitted_folder(self, resources: ResourcesDict) -> str | None:
+        """The student's folder in submitted/, where nbgrader copied this notebook's files from."""
+        info = resources.get("nbgrader") or {}
+        student, assignment = info.get("student"), info.get("assignment")
+        if not student or not assignment:
+            return None
+        course = self.config.CourseDirectory
+        root = course.get("root", os.getcwd())
+        return os.path.join(root, course.get("submitted_directory", "submitted"), student, assignment)
+
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> Tuple[NotebookNode, ResourcesDict]:
         config = self.sandbox_config(resources)
         here = (resources.get("metadata") or {}).get("path") or "."
+        key = resources.get("unique_key", "notebook")
         scratch = tempfile.mkdtemp(prefix="grading-")
         try:
-            for entry in os.listdir(here):  # data files the assignment ships, not notebooks
-                src = os.path.join(here, entry)
-                if os.path.isfile(src) and not entry.endswith(".ipynb"):
-                    shutil.copy(src, scratch)
+            skipped = copy_data_files(here, scratch, self.submitted_folder(resources))
+            for name in skipped:
+                self.log.warning("%s: %s is a symbolic link in the submission: not given to the kernel", key, name)
             kernel_env = sandbox_env(config) if config.mode != "off" else None
             report = execute_resilient(
                 nb, cwd=scratch, timeout=self.timeout, kernel_name=self.kernel_name,
@@ -180,8 +195,11 @@ class ResilientExecute(NbGraderPreprocessor):
         for i, cell in enumerate(nb.cells):
             if cell.cell_type == "code" and notebooks.is_test_cell(cell):
                 cell.outputs = grader_written_outputs(cell, report.outcomes[i], report.tampering.get(i))
-        redacted = guard.redact(nb, guard.hidden_lines(nb))
-        key = resources.get("unique_key", "notebook")
+        redacted = guard.redact(nb, guard.hidden_text(nb))
+        findings = review.review_notebook(nb)
+        review.annotate(nb, findings)
+        for finding in findings:
+            self.log.warning("REVIEW %s: %s", key, finding)
         for note in report.notes:
             self.log.warning("%s: %s", key, note)
         for message in report.tampering.values():
@@ -192,8 +210,38 @@ class ResilientExecute(NbGraderPreprocessor):
             "tampering": list(report.tampering.values()), "redacted_outputs": redacted,
             "budget_exceeded": report.budget_exceeded_at is not None,
             "seconds": report.seconds, "dropped_output_bytes": report.dropped_output_bytes,
+            "review": [str(f) for f in findings], "symlinks_skipped": skipped,
         }
         return nb, resources
+
+
+def copy_data_files(here: str, scratch: str, submitted: str | None = None) -> list[str]:
+    """Copy the regular files of `here` (data files the assignment ships; not notebooks) into
+    the kernel's scratch folder, as the grader, without following symbolic links: a link, or a
+    file nbgrader copied from a link in the student's `submitted` folder (it follows links),
+    is left out. Returns the names left out."""
+    skipped = []
+    for entry in sorted(os.listdir(here)):
+        if entry.endswith(".ipynb"):
+            continue
+        src = os.path.join(here, entry)
+        info = os.lstat(src)
+        if submitted is not None and os.path.islink(os.path.join(submitted, entry)):
+            skipped.append(entry)
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            skipped.append(entry)
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        try:
+            fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:  # replaced by a link since lstat
+            skipped.append(entry)
+            continue
+        with os.fdopen(fd, "rb") as source, open(os.path.join(scratch, entry), "wb") as dest:
+            shutil.copyfileobj(source, dest)
+    return skipped
 
 
 class ClearHiddenTestsSafely(ClearHiddenTests):

@@ -1,21 +1,27 @@
 """Grading that the student's code cannot forge, bounded in cost, with feedback that shows no
-hidden test and runs no script (issue 13). The class simulation (tests/test_classroom.py)
-grades one hostile submission per attack through nbgrader; these are the pieces underneath,
-on small notebooks."""
+hidden test and runs no script (issues 13 and 22). The class simulation
+(tests/test_classroom.py) grades one hostile submission per attack through nbgrader; these
+are the pieces underneath, on small notebooks. The attacks of issue 22 are in
+tests/hostile_submissions.py; each of them scored full marks from wrong answers, with no
+flag, before the fixes these tests check (measured through grade-class, see the commit)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 from nbformat import v4
 
+import hostile_submissions as H
 from coursetools import execute, guard, notebooks
 from coursetools.execute import BUDGET_ENAME, Outcome, execute_resilient
 from coursetools.nbgrader_ext import (
     ClearHiddenTestsSafely,
     SafeOutputs,
+    copy_data_files,
     grader_written_outputs,
 )
 
@@ -186,3 +192,264 @@ def test_guard_and_execute_share_one_place_for_the_limits():
     assert [p.__name__ for p in config.GenerateFeedback.preprocessors][-2:] == ["ClearHiddenTestsSafely", "SafeOutputs"]
     assert config.HTMLExporter.sanitize_html is True
     assert notebooks.BEGIN_HIDDEN in HIDDEN_SOURCE
+
+
+# -- issue 22: the attacks of a determined student, on a small notebook ----------------------------
+def _locked_cell(source, gid="helpers"):
+    cell = v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True, "grade_id": gid,
+                                 "schema_version": 3, "task": False}
+    return cell
+
+
+def _answer_cell(source, gid="answer_f"):
+    cell = v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": False, "solution": True, "locked": False, "grade_id": gid,
+                                 "schema_version": 3, "task": False}
+    return cell
+
+
+SETUP = "import torch"
+HELPERS = "def expect_two(value):\n    assert value == 2, f'expected 2, got {value!r}'"
+WRONG_F = "def f():\n    return 3"  # fails both tests: every pass below is a forgery
+
+
+def _graded(*student_cells, answer=WRONG_F, tests=2):
+    """A notebook: setup and helper cells (locked), the answer cell, the student's extra cells,
+    then `tests` test cells with hidden tests (2 points each); executed under the guard."""
+    cells = [_locked_cell(SETUP, "setup"), _locked_cell(HELPERS), _answer_cell(answer)]
+    cells += [v4.new_code_cell(source) for source in student_cells]
+    cells += [_test_cell("expect_two(f())\n" + HIDDEN_SOURCE, gid=f"test_{i}") for i in range(tests)]
+    nb = v4.new_notebook(cells=cells)
+    return nb, execute_resilient(nb, cwd="/tmp", timeout=120)
+
+
+def _test_results(nb, report):
+    return {notebooks.grade_id(c): report.outcomes[i] for i, c in enumerate(nb.cells) if notebooks.is_test_cell(c)}
+
+
+def _stopped_and_flagged(nb, report, what):
+    results = _test_results(nb, report)
+    assert all(o is Outcome.ERROR for o in results.values()), f"{what}: a forged pass: {results}"
+    assert report.tampering, f"{what}: failed but not flagged: {report.outcomes}"
+
+
+def test_an_honest_notebook_passes_under_the_guard():
+    nb, report = _graded(answer="def f():\n    return 2")
+    assert all(o is Outcome.OK for o in _test_results(nb, report).values()), (report.outcomes, report.tampering)
+    assert not report.tampering and not report.forged
+
+
+def test_the_guard_never_calls_the_notebooks_get_ipython():
+    """Issue 22: the checks looked `get_ipython` up in the user namespace, so a student's
+    get_ipython ran inside every check. Here one counts its calls, honestly answering."""
+    counter = ("from IPython import get_ipython as _real\n_calls = []\n"
+               "def get_ipython():\n    _calls.append(1)\n    return _real()")
+    nb, report = _graded(counter, "print('CALLS', len(_calls))", answer="def f():\n    return 2")
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "CALLS 0" in printed, printed
+    assert not report.tampering, report.tampering
+
+
+def test_the_checks_do_not_use_the_notebooks_globals():
+    """A student's `globals` hands the check a copy of the namespace taken before the course's
+    helper was replaced: the check reads the real namespace and flags the replacement."""
+    cheat = ("_before = dict(globals())\n"
+             "def expect_two(value):\n    pass\n"
+             "def globals():\n    return _before")
+    nb, report = _graded(cheat)
+    _stopped_and_flagged(nb, report, "shadowed globals")
+    assert "expect_two" in " ".join(report.tampering.values())
+
+
+def test_a_session_send_patched_during_a_test_is_undone_and_flagged():
+    """Issue 22: the answer patches the session's `send` while the test runs (drops the error,
+    rewrites the reply to ok) and removes the patch afterwards. The guard compares the kernel's
+    machinery right after the test's code, inside the test cell, and undoes it before the reply."""
+    nb, report = _graded(answer=H.SESSION_SEND + "\nf = _forge_pass")
+    _stopped_and_flagged(nb, report, "session send")
+    assert "session" in " ".join(report.tampering.values())
+
+
+def test_a_forged_reply_is_caught():
+    """The answer sends an "ok" reply and an idle status for the running test, patching
+    nothing: the real reply follows, and two replies for one request fail the test."""
+    nb, report = _graded(answer=H.FORGED_REPLY + "\nf = _forge_pass")
+    _stopped_and_flagged(nb, report, "forged reply")
+    assert execute.FORGED_REPLY in " ".join(report.tampering.values())
+
+
+def test_a_replaced_magic_number_is_flagged():
+    """Issue 22: importlib.util.MAGIC_NUMBER (which the compiled test cells of issue 13
+    compared first) replaced by an object whose `!=` forges a reply. The cells no longer read
+    it, and the module's globals are compared."""
+    nb, report = _graded(H.MAGIC_NUMBER)
+    _stopped_and_flagged(nb, report, "magic number")
+    assert "MAGIC_NUMBER" in " ".join(report.tampering.values())
+
+
+def test_non_callable_attributes_and_module_globals_are_compared():
+    """Issue 22: the display hook's `session` replaced by one that drops errors, and
+    ipykernel.kernelbase.json_clean by one that turns an error reply into ok."""
+    nb, report = _graded(H.NON_CALLABLE)
+    _stopped_and_flagged(nb, report, "non-callable attributes")
+    flagged = " ".join(report.tampering.values())
+    assert "json_clean" in flagged and "displayhook" in flagged, flagged
+
+
+def test_a_class_posing_as_a_torch_type_from_another_module_is_caught():
+    """Issue 22: a str subclass posing as torch.device with __module__ = 'torch' (the check
+    of issue 13 looked at __main__ classes only). Its origin is the cell that defined it."""
+    test = ("d = pick_device()\n"
+            "assert isinstance(d, torch.device) and d == torch.device('cuda', 0), f'expected cuda:0, got {d!r}'")
+    cells = [_locked_cell(SETUP, "setup"), _answer_cell(H.STR_DEVICE_AS_TORCH, "pick_device"), _test_cell(test)]
+    nb = v4.new_notebook(cells=cells)
+    report = execute_resilient(nb, cwd="/tmp", timeout=120)
+    assert report.outcomes[2] is Outcome.ERROR and report.tampering, (report.outcomes, report.tampering)
+    assert "_Device" in report.tampering[2], report.tampering
+
+
+def test_frame_access_from_an_answer_is_noticed_and_hidden_constants_are_redacted():
+    """Issue 22: the answer keeps the calling test's code object (sys._getframe(1).f_code); a
+    later cell prints its string constants. The audit hook notices the frame access (the
+    test fails, flagged) and redaction removes the hidden tests' messages from every output."""
+    answer = "def _honest():\n    return 2\n" + H.FRAME_LEAK_WRAPPER.replace("pick_device", "f").replace(
+        "_honest_f = f", "_honest_f = _honest")
+    cells = [_locked_cell(SETUP, "setup"), _answer_cell(answer),
+             _test_cell("assert f() == 2\n" + HIDDEN_SOURCE), v4.new_code_cell(H.FRAME_LEAK_PRINT)]
+    nb = v4.new_notebook(cells=cells)
+    report = execute_resilient(nb, cwd="/tmp", timeout=120)
+    assert report.outcomes[2] is Outcome.ERROR and "frame access" in report.tampering.get(2, ""), report.tampering
+    printed = "".join(o.get("text", "") for o in nb.cells[3].outputs)
+    assert "secret_hidden_message" in printed, "the leak did not happen: nothing to redact"
+    hidden = guard.hidden_text(nb)
+    assert "secret_hidden_message" in hidden and "f() must return 2" not in hidden, hidden
+    guard.redact(nb, hidden)
+    assert "secret_hidden_message" not in json.dumps(nb.cells[3].outputs)
+
+
+def test_a_check_cell_rewritten_by_a_transformer_is_flagged():
+    """An AST transformer that wraps the grader's test cells in try/except (the last part of
+    issue 22's closure-key attack) is itself one of the things the checks compare."""
+    swallow = "import ast\n" + H.CLOSURE_KEY[H.CLOSURE_KEY.index("class _Swallow"):].replace(
+        'n.id == "exec"', 'n.id == "run"').replace("isinstance(n, ast.Name) and n.id", "isinstance(n, ast.Attribute) and n.attr")
+    nb, report = _graded(swallow)
+    _stopped_and_flagged(nb, report, "AST transformer")
+
+
+@pytest.mark.parametrize("role", ["grader_compiled", "verify"])
+def test_a_grader_cell_that_does_not_run_as_sent_is_flagged(monkeypatch, role):
+    """What such a transformer leaves, without the transformer in place any more (it can take
+    itself out while a check runs): the guard's `run` and `verify` compare the code that calls
+    them with the grader's cell, and a wrapped cell is not it."""
+    real = guard.instrument
+
+    def rewritten(nb, name=None):
+        inst = real(nb, name)
+        for cell in inst.nb.cells:
+            if role == "grader_compiled" and cell.metadata.get("grader_compiled"):
+                body = cell.source.split("\n", 1)[1]
+                cell.source = f"try:\n    {body}\nexcept BaseException:\n    pass"
+            elif role == "verify" and guard.guard_role(cell) == "verify":
+                cell.source = f"(lambda: {cell.source})()"
+        return inst
+
+    monkeypatch.setattr(guard, "instrument", rewritten)
+    nb, report = _graded()
+    _stopped_and_flagged(nb, report, f"rewritten {role} cell")
+    assert "rewritten" in " ".join(report.tampering.values()), report.tampering
+
+
+def test_the_kernel_side_is_a_module_sent_as_source():
+    """guard_kernel.py is a module the grader's tools can import and read (importing it runs
+    nothing); the kernel gets its source in the first cell, and never imports it."""
+    import inspect
+    import subprocess
+    import sys
+
+    from coursetools import guard_kernel
+
+    assert guard.kernel_source() == inspect.getsource(guard_kernel)
+    probe = ("import sys; import coursetools.guard_kernel as g; "
+             "print(callable(g.install), 'torch' in sys.modules, 'IPython' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(guard.__file__).parent.parent)).stdout.split()
+    assert out == ["True", "False", "False"], out
+    inst = guard.instrument(v4.new_notebook(cells=[_test_cell(HIDDEN_SOURCE)]))
+    init = inst.nb.cells[0].source
+    assert repr(guard.kernel_source()) in init and "import coursetools" not in init
+
+
+def test_a_torch_mode_left_entered_is_flagged_but_a_default_device_is_not():
+    """A TorchFunctionMode that a student cell enters and never leaves answers for every torch
+    call of the tests (a tensor's device included): compared. torch.set_default_device keeps a
+    mode of PyTorch's own on that stack, which answers may need: not compared."""
+    mode = ("from torch.overrides import TorchFunctionMode\n"
+            "class _Yes(TorchFunctionMode):\n"
+            "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+            "        return func(*args, **(kwargs or {}))\n"
+            "_Yes().__enter__()")
+    nb, report = _graded(mode, answer="def f():\n    return 2")
+    assert "modes left entered" in " ".join(report.tampering.values()), report.tampering
+    nb, report = _graded("torch.set_default_device('cpu')", answer="def f():\n    return 2")
+    assert not report.tampering, report.tampering
+
+
+def test_an_error_message_counts_against_the_output_caps(tmp_path):
+    """Issue 22: `raise ValueError("E" * 24 MiB)` kept its whole message (48 MiB of graded
+    notebook). An error is evidence, so it is kept, cut to what the caps leave."""
+    nb = v4.new_notebook(cells=[v4.new_code_cell("raise ValueError('E' * 5_000_000)"),
+                                v4.new_code_cell("print('after')")])
+    report = execute_resilient(nb, cwd=tmp_path, timeout=60, guarded=False,
+                               client_kwargs={"max_output_bytes": 100_000, "max_total_output_bytes": 150_000})
+    error = nb.cells[0].outputs[0]
+    assert report.outcomes[0] is Outcome.ERROR and error.ename == "ValueError"
+    assert len(json.dumps(nb)) < 200_000, f"{len(json.dumps(nb)):,} bytes kept"
+    assert "characters cut" in error.evalue and report.dropped_output_bytes > 4_000_000
+
+
+def test_submission_files_are_copied_without_following_symlinks(tmp_path):
+    here, scratch, submitted = tmp_path / "autograded", tmp_path / "scratch", tmp_path / "submitted"
+    for folder in (here, scratch, submitted):
+        folder.mkdir()
+    secret = tmp_path / "gradebook.db"
+    secret.write_text("secret")
+    (here / "data.csv").write_text("1,2\n")
+    (here / "link.txt").symlink_to(secret)
+    (here / "copied-from-a-link.txt").write_text("secret")  # what nbgrader made of a link
+    (submitted / "copied-from-a-link.txt").symlink_to(secret)
+    (here / "answers.ipynb").write_text("{}")
+    skipped = copy_data_files(str(here), str(scratch), str(submitted))
+    assert sorted(p.name for p in scratch.iterdir()) == ["data.csv"]
+    assert sorted(skipped) == ["copied-from-a-link.txt", "link.txt"]
+
+
+def test_a_child_process_cannot_open_the_kernels_memory():
+    """The guard makes the kernel non-dumpable: a process it starts, running as the same user,
+    could otherwise open /proc/<kernel>/mem and rewrite the kernel (measured: it could, in the
+    sandbox, before). Run as the sandboxed kernel runs (root's children could anyway)."""
+    import inspect
+    import subprocess
+    import sys
+
+    from coursetools import guard_kernel, sandbox
+
+    child = ("import os\ntry:\n    open(f'/proc/{os.getppid()}/mem', 'r+b')\n    print('OPENED')\n"
+             "except OSError as exc:\n    print('REFUSED', exc.errno)")
+    probe = (inspect.getsource(guard_kernel.non_dumpable) + "\nimport subprocess, sys\n"
+             "print('BEFORE', subprocess.run([sys.executable, '-c', CHILD], capture_output=True, text=True).stdout)\n"
+             "flag = non_dumpable()\n"
+             "print('FLAG', flag())\n"
+             "print('AFTER', subprocess.run([sys.executable, '-c', CHILD], capture_output=True, text=True).stdout)\n"
+             ).replace("CHILD", repr(child))
+    if sandbox.bwrap_works()[0]:
+        config = sandbox.SandboxConfig(mode="bwrap")
+        cmd, env = sandbox.wrap_command([sys.executable, "-c", probe], config, writable=[]), sandbox.sandbox_env(config)
+    elif sandbox.is_root():
+        pytest.skip("as root without the sandbox, a child process may open any memory")
+    else:
+        cmd, env = [sys.executable, "-c", probe], None
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
+    if not sys.platform.startswith("linux"):
+        pytest.skip("prctl is Linux's")
+    assert "BEFORE OPENED" in out and "FLAG 0" in out and "AFTER REFUSED 13" in out, out
