@@ -56,8 +56,13 @@ def test_chinese_edition_is_in_step_with_english_masters_and_po_files(fresh):
 def test_edition_covers_every_translated_chapter_and_the_documents():
     paths = {s.path for s in EDITION}
     for name in ("00_start_here", "01_device_basics", "02_to_semantics", "03_module_to",
-                 "04_buffers_checkpoints", "08_troubleshooting"):
+                 "04_buffers_checkpoints", "05_mixed_precision", "05_mixed_precision_2", "06_ddp",
+                 "06_ddp_2_failures", "06_ddp_3_training", "07_performance", "07_performance_2_waits",
+                 "07_performance_3_tuning", "08_troubleshooting"):
         assert f"course/{name}.ipynb" in paths
+    for name in layout.assignments(ROOT):
+        assert f"exercises/{name}/{name}.ipynb" in paths, f"exercise {name} is not in the Chinese edition"
+    assert {"README.md", "CHEATSHEET.md", "docs/MYTHS.md"} <= paths
     for name in ("01_device_basics", "02_to_semantics", "03_module_to", "04_buffers_checkpoints",
                  "08_troubleshooting"):
         assert f"exercises/{name}/{name}.ipynb" in paths
@@ -255,6 +260,18 @@ def test_code_pieces_render_back_to_the_same_code():
     assert pycode.without_words(out) == pycode.without_words(sample)
 
 
+def test_docstring_on_a_line_with_non_ascii_characters_keeps_the_code_around_it():
+    """ast counts columns in UTF-8 bytes: a docstring whose line holds a "§" (06 part 2's
+    train_single) or Chinese was once cut one character too far, swallowing the line break
+    after it, so the Chinese notebook's cell no longer parsed."""
+    sample = 'def f(x):\n    """Step k (part 1, §8)."""\n    return x\n\n\ndef g():\n    """§ 两个 §"""\n'
+    pieces = pycode.pieces(sample)
+    assert [p.msgid for p in pieces] == ["Step k (part 1, §8)."]
+    out, _ = pycode.translate(sample, lambda kind, msgid: "第 k 步（第 1 部分，§8）。")
+    assert '"""第 k 步（第 1 部分，§8）。"""\n    return x' in out
+    assert pycode.without_words(out) == pycode.without_words(sample)
+
+
 def _templates(*msgids):
     return [catalog.Template(m, occurrences=[("x.ipynb", "0")], kinds=["paragraph"]) for m in msgids]
 
@@ -281,6 +298,12 @@ def test_update_marks_changed_english_fuzzy_and_keeps_translations():
     assert "#, fuzzy" in text and '#| msgid "A device has a type."' in text
     reread = polib.pofile(text)
     assert catalog.Lookup(reread).state("A device has a type and an index.") == "fuzzy"
+    again = catalog.merge(catalog.merge(reread, _templates("Brand new text."), "x.ipynb"),
+                          _templates("Brand new text."), "x.ipynb")
+    assert sorted(e.msgid for e in again.obsolete_entries()) == [
+        "A device has a type and an index.", "A device has a type.", "Gone from the English.",
+        "Tensors live on devices. Always."], (
+        "each obsolete entry is kept once, however many updates run (they once doubled per update)")
 
 
 def test_compendium_reuses_the_same_english_elsewhere():

@@ -75,8 +75,7 @@ def merge(old: polib.POFile | None, templates: list[Template], source: str,
     po = polib.POFile(wrapwidth=WRAP)
     po.header = HEADER_COMMENT.format(source=source)
     po.metadata = header(source)
-    previous = [e for e in old] if old is not None else []
-    previous += [e for e in old.obsolete_entries()] if old is not None else []
+    previous = list(old) if old is not None else []  # a POFile lists its obsolete entries too
     exact = {(e.msgctxt, e.msgid): e for e in previous}
     squashed: dict[tuple[str | None, str], polib.POEntry] = {}
     for e in previous:
@@ -115,8 +114,11 @@ def merge(old: polib.POFile | None, templates: list[Template], source: str,
             elif compendium and (t.msgctxt, t.msgid) in compendium:
                 entry.msgstr = compendium[(t.msgctxt, t.msgid)]  # the same English elsewhere
         po.append(entry)
+    current = {(t.msgctxt, t.msgid) for t in templates}
+    kept: set[tuple[str | None, str]] = set()
     for e in previous:
-        if id(e) not in used and _usable(e) and (e.msgctxt, e.msgid) not in {(t.msgctxt, t.msgid) for t in templates}:
+        if id(e) not in used and _usable(e) and (e.msgctxt, e.msgid) not in current | kept:
+            kept.add((e.msgctxt, e.msgid))  # once, however often an older update wrote it
             gone = polib.POEntry(msgid=e.msgid, msgctxt=e.msgctxt, msgstr=e.msgstr, tcomment=e.tcomment,
                                  flags=list(e.flags), obsolete=True)
             po.append(gone)

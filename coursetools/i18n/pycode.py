@@ -102,6 +102,13 @@ def docstrings(source: str) -> list[Piece]:
     except SyntaxError:
         return []
     starts = _offsets(source)
+    lines = source.split("\n")
+
+    def offset(lineno: int, col: int) -> int:
+        # ast's columns count UTF-8 bytes, `starts` characters: a docstring on a line with a
+        # non-ASCII character (a "§", Chinese) would otherwise be cut in the wrong place
+        return starts[lineno - 1] + len(lines[lineno - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
+
     pieces = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -111,8 +118,8 @@ def docstrings(source: str) -> list[Piece]:
                 and isinstance(body[0].value.value, str)):
             continue
         value = body[0].value
-        start = starts[value.lineno - 1] + value.col_offset
-        end = starts[value.end_lineno - 1] + value.end_col_offset
+        start = offset(value.lineno, value.col_offset)
+        end = offset(value.end_lineno, value.end_col_offset)
         literal = source[start:end]
         match = re.match(r'^([rRuU]?("""|\'\'\'|"|\'))(.*)(\2)$', literal, re.S)
         if not match:
