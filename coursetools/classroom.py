@@ -15,7 +15,12 @@ nbgrader does the work (its own commands, its gradebook); this is the thin glue 
 4. `generate_feedback` (HTML per student, hidden tests removed) and `export` (CSV);
 5. a summary table: each student's score per assignment, and what needs a human look —
    tampering, deleted or edited test cells (restored before grading), cells that crashed
-   the kernel or timed out, submissions nbgrader could not grade at all.
+   the kernel or timed out, submissions nbgrader could not grade at all, and the static
+   review's findings (coursetools.review: code no answer needs, with cell, line and
+   construct; the score is not changed). The same flags go into the CSV's `flags` column.
+
+Symbolic links in a submission folder are moved to `quarantine/` before grading: nbgrader
+copies what a link points to, as the grader, where the student's code could read it.
 
 A broken submission never stops the others: nbgrader moves on, and the summary says why
 that one has no grade. Exit status: 0 when every submission was graded, 1 otherwise.
@@ -24,16 +29,18 @@ that one has no grade. Exit status: 0 when every submission was graded, 1 otherw
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import layout, notebooks, sandbox
+from . import layout, notebooks, review, sandbox
 from .execute import BUDGET_ENAME
 from .guard import TAMPER_ENAME
 from .nbgrader_course import nbgrader_env
@@ -97,6 +104,7 @@ class Classroom:
         if db_url:
             self.extra.append(f"--CourseDirectory.db_url={db_url}")
         self.log_path = log or self.course / "grading.log"
+        self.quarantined: dict[tuple[str, str], list[str]] = {}
 
     # -- nbgrader ----------------------------------------------------------------------
     def nbgrader(self, *args: str, on_line=None) -> int:
@@ -153,11 +161,34 @@ class Classroom:
             return []
         return sorted(p.name for p in root.iterdir() if (p / assignment).is_dir())
 
+    def quarantine_links(self, assignment: str) -> None:
+        """Move every symbolic link out of the submission folders of `assignment` (into
+        quarantine/<student>/<assignment>/, as links): nbgrader's autograde copies what a link
+        points to, as the grader, where the student's code could read it."""
+        root = self.course / "submitted"
+        for student in self.students(assignment):
+            folder = root / student / assignment
+            for dirpath, dirnames, filenames in os.walk(folder):
+                for name in dirnames + filenames:
+                    path = Path(dirpath) / name
+                    if not path.is_symlink():
+                        continue
+                    target = os.readlink(path)
+                    dest = self.course / "quarantine" / student / assignment / path.relative_to(folder)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    if dest.is_symlink() or dest.exists():
+                        dest.unlink()
+                    shutil.move(str(path), str(dest))
+                    self.quarantined.setdefault((student, assignment), []).append(
+                        f"symbolic link {path.relative_to(folder)} -> {target} moved to "
+                        f"{dest.relative_to(self.course)} (not followed)")
+
     def grade(self, assignment: str, *, zip_collect: bool = False) -> None:
         if self.nbgrader("generate_assignment", assignment, "--force") != 0:
             raise SystemExit(f"error: nbgrader generate_assignment {assignment} failed; see {self.log_path}")
         if zip_collect:
             self.nbgrader("zip_collect", assignment, "--force")
+        self.quarantine_links(assignment)
         students = self.students(assignment)
         progress = Progress(len(students), f"autograde {assignment}")
         pattern = re.compile(r"Sanitizing .*submitted[/\\]([^/\\]+)[/\\]" + re.escape(assignment))
@@ -173,8 +204,11 @@ class Classroom:
               f"({60 * len(students) / max(seconds, 1e-9):.1f} per minute)", file=sys.stderr)
         self.nbgrader("generate_feedback", assignment, "--force")
 
-    def export(self, csv_path: Path) -> None:
+    def export(self, csv_path: Path, results: dict[str, list[Result]] | None = None) -> None:
+        """nbgrader's CSV, with a `flags` column: what the summary says needs a human look."""
         self.nbgrader("export", f"--to={csv_path}")
+        if results is not None and csv_path.exists():
+            add_flags_column(csv_path, results)
 
     # -- results -----------------------------------------------------------------------
     def results(self, assignment: str) -> list[Result]:
@@ -210,6 +244,8 @@ class Classroom:
                                 seen.add((label, gid))
                                 result.flags.append(f"{label} in {gid}")
                 result.flags.extend(self._cell_changes(student, assignment))
+                result.flags.extend(self.quarantined.get((student, assignment), []))
+                result.flags.extend(f"review: {finding}" for finding in review.review_notebook(graded_nb))
                 feedback = self.course / "feedback" / student / assignment / f"{assignment}.html"
                 if (self.course / "feedback").is_dir() and not feedback.exists():
                     result.flags.append("NO FEEDBACK: nbgrader wrote none for this submission (see grading.log)")
@@ -239,6 +275,22 @@ class Classroom:
             elif compute_checksum(mine[name]) != notebooks.nbgrader_meta(cell).get("checksum"):
                 flags.append(f"edited {name} (restored)")
         return flags
+
+
+def add_flags_column(csv_path: Path, results: dict[str, list[Result]]) -> None:
+    """Add (or refill) a `flags` column to nbgrader's exported CSV, one row per submission."""
+    flags = {(r.assignment, r.student): "; ".join(r.flags) for rs in results.values() for r in rs}
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return
+    fields = [k for k in rows[0] if k != "flags"] + ["flags"]
+    for row in rows:
+        row["flags"] = flags.get((row.get("assignment"), row.get("student_id")), row.get("flags", ""))
+    with open(csv_path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def summary_table(results: dict[str, list[Result]]) -> str:
@@ -319,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         room.grade(name, zip_collect=args.zip)
         results[name] = room.results(name)
     csv_path = (args.csv or room.course / "grades.csv").resolve()
-    room.export(csv_path)
+    room.export(csv_path, results)
     print(summary_table(results))
     print(f"grades: {csv_path}   feedback: {room.course / 'feedback'}   log: {room.log_path}")
     if args.json:

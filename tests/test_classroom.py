@@ -1,10 +1,13 @@
 """A simulated class graded end to end: release -> collect -> autograde -> feedback -> CSV.
 
-Thirty-three students hand in chapter 01 (two of them through `zip_collect`), four hand in
+Forty-three students hand in chapter 01 (two of them through `zip_collect`), four hand in
 chapter 02; among them every kind of broken, slow and hostile submission a real class
-produces. `python3 make.py grade-class` grades them all in one run; each test below checks
-one student's exact score and flags, so a failure names the case. Expected scores are
-"full marks minus the test cells the submission must lose", computed from the notebooks.
+produces, and the attacks of a determined student (issue 22, tests/hostile_submissions.py).
+`python3 make.py grade-class` grades them all in one run; each test below checks one
+student's exact score and flags, so a failure names the case. Expected scores are "full
+marks minus the test cells the submission must lose", computed from the notebooks; an
+expected flag is a piece of text one of the student's flags must contain. A student expected
+to have no review flag must have none (the static review, coursetools/review.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import uuid
 
 import pytest
 
+import hostile_submissions as H
 from coursetools import fixtures, guard, layout, notebooks, sandbox
 from coursetools.nbgrader_course import NbgraderCourse
 
@@ -112,10 +116,11 @@ def class_of_01(course_root):
              "torch.get_rng_state = lambda: _frozen  # the 'global state unchanged' check now passes\n")
     cases["torch-patch"] = (solved(seeded_randn=cheat),
                             ["test_seeded_randn", "test_build_on", "test_build_on_restores"],
-                            ["tampering in test_seeded_randn"])
+                            ["tampering in test_seeded_randn", "torch.get_rng_state (a module's attribute) (patching)"])
     helper_cheat = (_fixture(A1, "pick_device_silent_fallback").answers["pick_device"]
                     + "\n\ndef expect_error(kind, fn, hint=''):\n    return 'gpu cuda cuda:2 mps'\n")
-    cases["helper-patch"] = (solved(pick_device=helper_cheat), ids, ["tampering in test_pick_device_auto"])
+    cases["helper-patch"] = (solved(pick_device=helper_cheat), ids,
+                             ["tampering in test_pick_device_auto", "redefines 'expect_error'"])
     attack = f'''
 import sqlite3
 attempts = {{}}
@@ -142,7 +147,7 @@ print(In)
 for name, entry in list(linecache.cache.items()):
     print(name, "".join(entry[2]))
 '''
-    cases["reads-solutions"] = (_add_cell(solved(), spy), [], [])
+    cases["reads-solutions"] = (_add_cell(solved(), spy), [], ["the kernel's history (In) (kernel machinery)"])
     # -- the sandbox, attacked as a root grader's kernel would be (issue 13): each must
     # score its honest score (full marks: the answers are right) and change nothing.
     escape = f"""
@@ -164,7 +169,7 @@ except Exception as _exc:
     _escape["sql"] = type(_exc).__name__
 print("SANDBOX-ATTACK", json.dumps(_escape))
 """
-    cases["escape-as-root"] = (_add_cell(solved(), escape, after="setup"), [], [])
+    cases["escape-as-root"] = (_add_cell(solved(), escape, after="setup"), [], ["ctypes (native code)"])
     # The bomb forks from a small Python (a kernel with torch loaded forks slowly); its
     # processes count against the same per-kernel cap.
     bomb = (
@@ -272,7 +277,7 @@ def _fill(where, path):  # two files of 768 MiB (each under the 1 GiB file-size 
             "torch.get_rng_state = lambda: None"),
     }
     for student, source in forgeries.items():
-        cases[student] = (blank_with(source), ids, ["tampering in test_pick_device_auto"])
+        cases[student] = (blank_with(source), ids, ["tampering in test_pick_device_auto", "review: "])
     fake_device = (
         "class _Device(str):\n"
         "    __class__ = property(lambda self: torch.device)  # isinstance(x, torch.device) is True\n"
@@ -282,7 +287,8 @@ def _fill(where, path):  # two files of 768 MiB (each under the 1 GiB file-size 
         "    __hash__ = str.__hash__\n"
         "def pick_device(name=None):\n"
         "    return _Device('cpu')\n")
-    cases["forge-str-device"] = (solved(pick_device=fake_device), ids, ["tampering in test_pick_device_auto"])
+    cases["forge-str-device"] = (solved(pick_device=fake_device), ids,
+                                 ["tampering in test_pick_device_auto", "a class that poses as another type"])
     # -- hidden tests must not reach feedback, in any encoding; nbgrader's markers in a
     # student cell must not cost that student the feedback; feedback HTML runs nothing.
     leak = '''
@@ -297,7 +303,7 @@ print(base64.b64encode(blob.encode()).decode())
 lines = "".join(f'<text x="0" y="{12 * i}">{line[:200]}</text>' for i, line in enumerate(blob.splitlines()[:2000]))
 display(SVG(f'<svg xmlns="http://www.w3.org/2000/svg">{lines}</svg>'))
 '''
-    cases["leak-base64-svg"] = (_add_cell(solved(), leak), [], [])
+    cases["leak-base64-svg"] = (_add_cell(solved(), leak), [], ["sys._current_frames (frame access)"])
     marked = solved(pick_device="# ### BEGIN HIDDEN TESTS (my notes)\n" + full["pick_device"])
     cases["nbgrader-markers"] = (marked, [], [])
     script = (
@@ -315,6 +321,33 @@ display(SVG(f'<svg xmlns="http://www.w3.org/2000/svg">{lines}</svg>'))
              "handle = display('small', display_id=True)\n"
              f"handle.update('x' * {HUGE_UPDATE})\n")
     cases["huge-display-update"] = (_add_cell(solved(), flood), [], [])
+    # -- issue 22: a determined student's attacks (tests/hostile_submissions.py). Before its
+    # fixes the first three scored 18/18 from blank answers with no flag, as did
+    # user-get-ipython and non-callable; str-device-as-torch 15/18 (12 honest), no flag.
+    answer_ids = [notebooks.grade_id(c) for c in _source(A1).cells
+                  if notebooks.is_solution(c) and c.cell_type == "code"]
+    blank_answers = lambda source: fixtures.fill(_release(A1), {gid: source for gid in answer_ids})  # noqa: E731
+    review = "review: "
+    cases["closure-key"] = (blank_with(H.CLOSURE_KEY), ids, ["sys.modules (import machinery)", "cell_contents"])
+    # The same attack against this guard: code that holds the checker's key can forge any
+    # check. Its score is not asserted (a forgery may succeed); the review's flag stops it.
+    cases["closure-key-now"] = (blank_with(H.CLOSURE_KEY_NOW), None,
+                                ["__subclasses__ (object-graph search)", "(function internals)"])
+    cases["session-send"] = (blank_answers(H.SESSION_SEND), ids,
+                             ["tampering in test_pick_device_auto", "get_ipython (kernel machinery)"])
+    cases["magic-number"] = (blank_with(H.MAGIC_NUMBER), ids,
+                             ["tampering in test_pick_device_auto", "importlib.util (import machinery)"])
+    cases["frame-leak"] = (_add_cell(solved(pick_device=full["pick_device"] + "\n" + H.FRAME_LEAK_WRAPPER),
+                                     H.FRAME_LEAK_PRINT), ids,
+                           ["tampering in test_pick_device_auto", "f_code"])
+    cases["str-device-as-torch"] = (solved(pick_device=H.STR_DEVICE_AS_TORCH), ids,
+                                    ["tampering in test_pick_device_auto", "poses as another type (__module__)"])
+    cases["huge-error"] = (_add_cell(solved(), H.HUGE_ERROR), [], [])
+    cases["user-get-ipython"] = (blank_answers(H.USER_GET_IPYTHON), ids,
+                                 ["tampering in test_pick_device_auto", "IPython.get_ipython (kernel machinery)"])
+    cases["non-callable"] = (blank_with(H.NON_CALLABLE), ids,
+                             ["tampering in test_pick_device_auto", "ipykernel.kernelbase.json_clean", review])
+    cases["symlink"] = (_add_cell(solved(), H.SYMLINK_READ), [], [f"symbolic link {H.SYMLINK_NAME} -> "])
     return cases
 
 
@@ -368,6 +401,9 @@ def graded_class(tmp_path_factory, request):
                 notebooks.write(nb, path)
             else:
                 course.submit(student, name, nb)
+    # The symlink student's folder holds a link to the course's solutions (with hidden tests).
+    link = course.submission_path("symlink", A1).parent / H.SYMLINK_NAME
+    link.symlink_to(course.root / "solutions" / A1 / f"{A1}.ipynb")
     sources_before = _tree_digest(course.root / "solutions")
     bad = course.submission_path("invalid-json", A1)
     bad.parent.mkdir(parents=True)
@@ -409,7 +445,9 @@ STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "
                "forge-custom-exc", "forge-events", "forge-ast", "forge-input-transformer",
                "forge-traceback", "forge-compile", "forge-torch-code", "forge-tensor-property",
                "forge-guard-disarmed", "forge-str-device", "leak-base64-svg", "nbgrader-markers",
-               "live-script", "huge-display-update"]
+               "live-script", "huge-display-update",
+               "closure-key", "closure-key-now", "session-send", "magic-number", "frame-leak",
+               "str-device-as-torch", "huge-error", "user-get-ipython", "non-callable", "symlink"]
 STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash"]
 SANDBOX_ONLY = {"writes-gradebook", "reads-solutions", "escape-as-root", "fork-bomb", "fills-memory"}
 
@@ -420,15 +458,19 @@ def test_student_scores_exactly_as_expected(graded_class, name, student):
         pytest.skip(f"needs the sandbox: {sandbox.bwrap_works()[1]}")
     _, loses, flags = graded_class["cases"][name][student]
     result = graded_class["results"][name][student]
-    score, max_score = _expected(name, loses)
-    assert (result["score"], result["max_score"]) == (score, max_score), (
-        f"{student} scored {result['score']}/{result['max_score']}, expected {score}/{max_score}; "
-        f"flags: {result['flags']}")
+    if loses is not None:  # None: a forgery the review flags; its score is not asserted
+        score, max_score = _expected(name, loses)
+        assert (result["score"], result["max_score"]) == (score, max_score), (
+            f"{student} scored {result['score']}/{result['max_score']}, expected {score}/{max_score}; "
+            f"flags: {result['flags']}")
     for flag in flags:
-        assert flag in result["flags"], f"{student}: expected flag {flag!r}, got {result['flags']}"
+        assert any(flag in f for f in result["flags"]), f"{student}: expected flag {flag!r}, got {result['flags']}"
     if not flags:
         unexpected = [f for f in result["flags"] if "tampering" in f or "deleted" in f or "edited" in f]
         assert not unexpected, f"{student}: unexpected flags {unexpected}"
+    reviewed = [f for f in result["flags"] if f.startswith("review: ")]
+    if not any(flag in f for flag in flags for f in reviewed):
+        assert not reviewed, f"{student}: flagged by the static review, expected not: {reviewed}"
 
 
 def test_unreadable_submission_is_reported_and_does_not_stop_the_class(graded_class):
@@ -591,12 +633,59 @@ def test_feedback_runs_no_student_script(graded_class):
     assert "My notes" in page, "the student's own Markdown is still shown"
 
 
-def test_a_huge_display_update_is_capped(graded_class):
+@pytest.mark.parametrize("student", ["huge-display-update", "huge-error"])
+def test_a_huge_display_update_or_error_is_capped(graded_class, student):
+    """A 50 MiB display update, and (issue 22) a 24 MiB error message, which scored a graded
+    notebook of 48 MiB and a feedback page of 24 MiB when errors did not count."""
     course = graded_class["course"]
-    graded = course.root / "autograded" / "huge-display-update" / A1 / f"{A1}.ipynb"
-    feedback = course.root / "feedback" / "huge-display-update" / A1 / f"{A1}.html"
+    graded = course.root / "autograded" / student / A1 / f"{A1}.ipynb"
+    feedback = course.root / "feedback" / student / A1 / f"{A1}.html"
     assert graded.stat().st_size < 5_000_000, f"graded notebook {graded.stat().st_size:,} bytes"
     assert feedback.stat().st_size < 5_000_000, f"feedback {feedback.stat().st_size:,} bytes"
+
+
+def test_no_feedback_file_shows_a_hidden_test_string_constant(graded_class):
+    """Issue 22: a function called by a hidden test kept the test's code object and a later
+    cell printed its string constants (46 hidden-test messages in that student's feedback).
+    No feedback file shows one, in plain text, HTML or base64."""
+    course = graded_class["course"]
+    printed = "".join(o.get("text", "") for c in course.autograded_notebook("frame-leak", A1).cells
+                      for o in c.get("outputs", []))
+    assert guard.REDACTED in printed, "the frame-leak student printed nothing that was redacted"
+    for name in (A1, A2):
+        constants = guard.hidden_strings(_source(name))
+        assert constants
+        for path in _feedback_files(course):
+            if path.parent.name == name:
+                text = _decoded(path.read_text(encoding="utf-8"))
+                leaked = [c for c in constants if c in text]
+                assert not leaked, f"{path} shows hidden-test strings: {leaked[:3]}"
+
+
+def test_a_symlink_in_a_submission_is_not_followed(graded_class):
+    """Issue 22: nbgrader copied what a link in the submission pointed to (the course's
+    solutions, hidden tests included) as the grader, where the kernel read it."""
+    course = graded_class["course"]
+    nb = course.autograded_notebook("symlink", A1)
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "SYMLINK False" in printed, printed[-2000:]
+    assert (course.root / "quarantine" / "symlink" / A1 / H.SYMLINK_NAME).is_symlink()
+    assert not (course.root / "autograded" / "symlink" / A1 / H.SYMLINK_NAME).exists()
+
+
+def test_review_flags_show_in_the_feedback_and_the_csv(graded_class):
+    """The static review's flag is in the instructor's feedback view (first in the flagged
+    cell) and the CSV's flags column; the score stays as computed."""
+    course = graded_class["course"]
+    page = (course.root / "feedback" / "session-send" / A1 / f"{A1}.html").read_text(encoding="utf-8")
+    assert "FlaggedForReview" in page and "get_ipython" in page
+    rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(open(course.root / "grades.csv"))}
+    assert "get_ipython (kernel machinery)" in rows[(A1, "session-send")]["flags"]
+    assert "tampering in test_pick_device_auto" in rows[(A1, "session-send")]["flags"]
+    assert rows[(A1, "correct")]["flags"] == ""
+    forged = graded_class["results"][A1]["closure-key-now"]
+    print(f"closure-key-now (a forgery against this guard) scored {forged['score']}/{forged['max_score']}, "
+          f"flagged: {forged['flags']}")
 
 
 def test_hostile_submissions_changed_no_source(graded_class):
