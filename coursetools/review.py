@@ -962,18 +962,19 @@ def _link_parents(tree: ast.AST) -> None:
 
 def _review_tree(tree: ast.Module, context: _Context, consts: dict[str, str] | None = None
                  ) -> list[tuple[int, str, str]]:
-    found: list[tuple[int, str, str]] = []
-    seen: set[tuple[int, str]] = set()
+    details: dict[tuple[int, str], list[str]] = {}
 
     def add(line: int, construct: str, detail: str) -> None:
-        if (line, construct) not in seen:
-            seen.add((line, construct))
-            found.append((line, construct, detail))
+        """One finding per line and construct, naming every detail seen there."""
+        seen = details.setdefault((line, construct), [])
+        if detail in seen or any(d.endswith("." + detail) for d in seen):
+            return  # `_getframe` after `sys._getframe`
+        seen[:] = [d for d in seen if not detail.endswith("." + d)]  # `sys._getframe` after `_getframe`
+        seen.append(detail)
 
-    add.found = found  # type: ignore[attr-defined]
     _link_parents(tree)
     _Reviewer(context, add, consts).visit(tree)
-    return found
+    return [(line, construct, ", ".join(found)) for (line, construct), found in details.items()]
 
 
 # -- a whole cell, IPython syntax included ----------------------------------------------------

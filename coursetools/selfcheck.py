@@ -210,10 +210,10 @@ def check(path: Path, *, timeout: int = CELL_TIMEOUT_S, visible_only: bool = Fal
 def format_findings(findings: list[review.Finding]) -> str:
     if not findings:
         return ""
-    lines = ["", "Flagged for review: an instructor's grading flags these lines for a human look "
-                 "(code no answer needs); the score above is not changed."]
+    lines = ["Flagged for review: an instructor's grading flags these lines for a human look "
+             "(code no answer needs); the score above is not changed."]
     lines += [f"  {finding}" for finding in findings]
-    return "\n".join(lines)
+    return "\n\n" + "\n".join(lines)
 
 
 def format_report(path: Path, name: str, results: list[QuestionResult], seconds: float,
