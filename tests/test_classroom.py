@@ -356,6 +356,12 @@ class ClassSummary:
             terminalreporter.write(self.text)
 
 
+# The simulated class is graded once, in the fixture, by grade-class: 37 submissions one after
+# another (937 s measured on a 2-core machine at load 12; its subprocess limit is 3000 s).
+# Every test here may be the one that pays for it, so they all get the class's time limit.
+pytestmark = pytest.mark.timeout(3600)
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("class")
@@ -475,9 +481,10 @@ def _attack_report(graded_class, student):
 @needs_sandbox
 def test_sandbox_escape_as_root_fails(graded_class):
     """The escape issue 13 found (remount / read-write, unmount the folder hiding the
-    course, read solutions/, rewrite the gradebook with SQL) fails at the first step."""
+    course, read solutions/, rewrite the gradebook with SQL) fails at the first step. The
+    course is not in the kernel's file system at all (default deny): nothing to unmount."""
     report = _attack_report(graded_class, "escape-as-root")
-    assert report["remount / rw"] == "EPERM" and report["umount course"] == "EPERM", report
+    assert report["remount / rw"] == "EPERM" and report["umount course"] in ("ENOENT", "EPERM"), report
     assert report["umount /tmp"] == "EPERM", report
     assert report["solutions"] == 0 and report["sql"] == "OperationalError", report
 
