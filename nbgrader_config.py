@@ -22,7 +22,7 @@ from nbgrader.preprocessors import (  # noqa: E402
 
 from coursetools.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
 from coursetools.nbgrader_ext import (  # noqa: E402
-    ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells,
+    ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells, preflight_hook,
 )
 
 c.CourseDirectory.root = _ROOT
@@ -57,6 +57,13 @@ c.ResilientExecute.budget = SUBMISSION_BUDGET_S
 # Set "bwrap" to refuse grading without the sandbox.
 c.ResilientExecute.sandbox = "auto"
 c.ResilientExecute.memory_mb = 4096
+# The sandbox shows the kernel only the system folders, its Python (venv, installation,
+# import path) and its working folder. A folder the kernel needs besides (data the notebooks
+# read from an absolute path, a library outside the venv) is listed here, read-only:
+# c.ResilientExecute.expose = ["/srv/course-data"]
+# Before the first submission, start one kernel as grading will and stop the whole run with
+# one message if it cannot start (README, "When grading stops before the first submission").
+c.Autograde.pre_convert_hook = preflight_hook
 
 # Feedback shows the visible tests only: hidden tests' source is cleared (nbgrader's
 # default feedback would show it), without failing on a student cell that merely contains

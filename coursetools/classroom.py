@@ -129,7 +129,8 @@ class Classroom:
         value = config.CourseDirectory.get(trait, default)
         return self.course / value
 
-    def sandbox_config(self, mode: str | None, memory_mb: int | None) -> "sandbox.SandboxConfig":
+    def sandbox_config(self, mode: str | None, memory_mb: int | None,
+                       expose: list[str] | None = None) -> "sandbox.SandboxConfig":
         """The kernels' sandbox as grading will set it up (nbgrader_config.py's settings,
         overridden by the command line); raises SandboxUnavailable where grading must not
         run (no sandbox and `bwrap` asked for, or no sandbox as root without consent)."""
@@ -144,7 +145,9 @@ class Classroom:
             cpu_seconds=settings.get("cpu_seconds", defaults.cpu_seconds),
             max_processes=settings.get("max_processes", defaults.max_processes),
             file_mb=settings.get("file_mb", defaults.file_mb),
-            tmpfs_mb=settings.get("tmpfs_mb", defaults.tmpfs_mb))
+            tmpfs_mb=settings.get("tmpfs_mb", defaults.tmpfs_mb),
+            hide=(str(self.course), *settings.get("hide", [])),
+            expose=(*settings.get("expose", []), *(expose or [])))
 
     def source_dir(self) -> Path:
         return self._course_dir("source_directory", "source")
@@ -336,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="for measurements only (benchmarks/grading_throughput.py): grade without "
                              "the tamper checks; a forged score then goes through")
     parser.add_argument("--memory-mb", type=int, default=None, help="kernel memory limit, MiB (default: config's)")
+    parser.add_argument("--sandbox-expose", action="append", default=[], metavar="PATH",
+                        help="a folder the sandboxed kernel may read besides the system folders, its "
+                             "Python and its working folder (repeatable; nbgrader_config.py: "
+                             "c.ResilientExecute.expose)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
     args = parser.parse_args(argv)
 
@@ -351,13 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_mb:
         extra.append(f"--ResilientExecute.memory_mb={args.memory_mb}")
     room = Classroom(args.course, db_url=args.db_url, extra=extra)
+    for path in args.sandbox_expose:
+        room.extra.append(f"--ResilientExecute.expose={Path(path).resolve()}")
     if args.unsandboxed_as_root:
         os.environ[sandbox.ALLOW_ROOT_ENV] = "1"  # nbgrader's ResilientExecute reads it too
     try:
-        isolation = sandbox.describe(room.sandbox_config(args.sandbox, args.memory_mb))
+        config = room.sandbox_config(args.sandbox, args.memory_mb,
+                                     [str(Path(p).resolve()) for p in args.sandbox_expose])
     except sandbox.SandboxUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    isolation = sandbox.describe(config)
     print(isolation, file=sys.stderr)
     with open(room.log_path, "a", encoding="utf-8") as log:
         log.write(f"\n{isolation}\n")
@@ -366,6 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: no assignment {', '.join(unknown)} in {room.source_dir()}", file=sys.stderr)
         return 2
+    # One kernel, started as grading will, before any submission: a layout the sandbox
+    # cannot serve stops here with one message, not with a "not graded" row per student.
+    from . import preflight
+    try:
+        seconds = preflight.check(config)
+    except preflight.PreflightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        with open(room.log_path, "a", encoding="utf-8") as log:
+            log.write(f"error: {exc}\n")
+        return 2
+    print(f"preflight: a kernel started as grading will start it, and imported torch ({seconds:.1f} s)",
+          file=sys.stderr)
     results = {}
     for name in names:
         room.grade(name, zip_collect=args.zip)

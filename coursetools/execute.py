@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -53,7 +54,12 @@ FORGED_REPLY = ("the kernel answered this cell twice (two replies or two idle st
 
 
 class KernelStartError(RuntimeError):
-    """The kernel could not be started at all: the grader's problem, not the notebook's."""
+    """The kernel could not be started at all: the grader's problem, not the notebook's.
+    `stderr`: what the kernel's process wrote before it died (the last few KiB)."""
+
+    def __init__(self, message: str, stderr: str = ""):
+        super().__init__(message)
+        self.stderr = stderr
 
 
 class Outcome(enum.Enum):
@@ -305,6 +311,38 @@ def _mark_forged(nb: NotebookNode, client: CappedClient, outcomes: list[Outcome]
         report.notes.append(f"cell {i}: {FORGED_REPLY}")
 
 
+class StderrTail:
+    """The kernel process's own stderr (not the notebook's stderr stream, which travels over
+    the kernel protocol): what the interpreter, the sandbox or a crash writes there. Read by
+    a thread so the kernel never blocks on it; only the last `limit` bytes are kept, shown
+    when the kernel dies before it could answer."""
+
+    def __init__(self, limit: int = 8192):
+        self.limit = limit
+        self._buf = bytearray()
+        read_fd, self.fd = os.pipe()
+        self._thread = threading.Thread(target=self._drain, args=(read_fd,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, read_fd: int) -> None:
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                self._buf += chunk
+                del self._buf[:-self.limit]
+
+    def close(self) -> None:
+        """Close this process's end (the kernel keeps its own until it exits)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def text(self, wait: float = 2.0) -> str:
+        """What arrived so far (after the kernel exited: all of it, up to `limit`)."""
+        self.close()
+        self._thread.join(wait)
+        return bytes(self._buf).decode("utf-8", "replace").strip()
+
+
 def _kernel_env(env: dict[str, str] | None, private: str) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
     if env is None:  # not sandboxed: keep the kernel's files (cell sources, history) in `private`
@@ -421,10 +459,12 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
         )
         replaying: int | None = None
         started = False
+        kernel_stderr = StderrTail()
         try:
             limit()
-            with client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+            with client.setup_kernel(env=env, stdout=subprocess.DEVNULL, stderr=kernel_stderr.fd):
                 started = True
+                kernel_stderr.close()
                 for i in list(replay):
                     replaying = i
                     # Replay into a copy: the cell keeps the outputs of its first run.
@@ -470,7 +510,10 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
                 if time.monotonic() >= deadline:
                     report.budget_exceeded_at = index
                     break
-                raise KernelStartError(f"the kernel did not start: {exc}") from exc
+                said = kernel_stderr.text()
+                raise KernelStartError(f"the kernel did not start: {exc}"
+                                       + (f"\nthe kernel's stderr:\n{said}" if said else ""),
+                                       stderr=said) from exc
             report.restarts += 1
             budget_cut = isinstance(exc, CellTimeoutError) and time.monotonic() >= deadline - 0.5
             if replaying is not None:
@@ -512,6 +555,8 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
         else:
             _mark_forged(nb, client, outcomes, report)
             dropped += client.dropped
+        finally:
+            kernel_stderr.close()
     report.dropped_output_bytes = dropped
     report.seconds = time.monotonic() - start
     # Cells that never ran say so, so no grader can mistake "no output" for "passed".

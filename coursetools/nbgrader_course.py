@@ -63,7 +63,7 @@ class NbgraderCourse:
     def db_url(self) -> str:
         return f"sqlite:///{self.root / 'gradebook.db'}"
 
-    def run(self, *args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
+    def run(self, *args: str, check: bool = True, timeout: float | None = 3600) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "nbgrader", *args]
         proc = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, env=nbgrader_env(),
                               timeout=timeout)
@@ -85,6 +85,11 @@ class NbgraderCourse:
         return path
 
     def autograde(self, name: str, *extra: str) -> subprocess.CompletedProcess:
+        # As grade-class does: one test kernel per process, before nbgrader starts (its
+        # pre-convert hook then finds the check done and starts none of its own).
+        from . import preflight, sandbox
+
+        preflight.check(sandbox.SandboxConfig(mode=sandbox.resolve_mode("auto")))
         return self.run("autograde", name, "--force", *extra, check=False)
 
     def autograded_notebook(self, student: str, name: str) -> NotebookNode:

@@ -28,6 +28,7 @@ from .execute import (
 from .notebooks import RAISES_TAG
 from .sandbox import (
     SandboxConfig,
+    SandboxUnavailable,
     bwrap_works,
     kernel_manager_for,
     resolve_mode,
@@ -144,6 +145,8 @@ class ResilientExecute(NbGraderPreprocessor):
     tmpfs_mb = Integer(SandboxConfig.tmpfs_mb, help="Size of each writable tmpfs in the sandbox (/tmp, /dev/shm, "
                                   "the working folder), MiB").tag(config=True)
     hide = List(Unicode(), help="Extra folders the sandboxed kernel must not see").tag(config=True)
+    expose = List(Unicode(), help="Extra folders the sandboxed kernel may read (the sandbox shows only "
+                                  "the system folders, Python and the working folder)").tag(config=True)
     max_output_bytes = Integer(2_000_000, help="Output kept per cell, bytes").tag(config=True)
     max_total_output_bytes = Integer(20_000_000, help="Output kept per notebook, bytes").tag(config=True)
     tamper_checks = Bool(True, help="Tamper checks around each test cell, tests sent compiled").tag(config=True)
@@ -159,7 +162,7 @@ class ResilientExecute(NbGraderPreprocessor):
             hide.append(os.path.dirname(db_url[len("sqlite:///"):]))
         return SandboxConfig(mode=mode, memory_mb=self.memory_mb, cpu_seconds=self.cpu_seconds,
                              max_processes=self.max_processes, file_mb=self.file_mb,
-                             tmpfs_mb=self.tmpfs_mb, hide=tuple(hide), expose=())
+                             tmpfs_mb=self.tmpfs_mb, hide=tuple(hide), expose=tuple(self.expose))
 
     def submitted_folder(self, resources: ResourcesDict) -> str | None:
         """The student's folder in submitted/, where nbgrader copied this notebook's files from."""
@@ -242,6 +245,31 @@ def copy_data_files(here: str, scratch: str, submitted: str | None = None) -> li
         with os.fdopen(fd, "rb") as source, open(os.path.join(scratch, entry), "wb") as dest:
             shutil.copyfileobj(source, dest)
     return skipped
+
+
+def preflight_hook(**_kwargs) -> None:
+    """nbgrader's pre-convert hook (nbgrader_config.py): before the first submission of an
+    `nbgrader autograde` run, start one kernel as ResilientExecute will (coursetools.preflight).
+    If it cannot start, log one message with the cause and the fix and stop the whole run,
+    before nbgrader has created anything for a student (a hook's other errors nbgrader only
+    logs, so it exits with SystemExit). Later submissions cost nothing: the check is done."""
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Application
+
+    from . import preflight
+
+    app = Application.instance()
+    while getattr(app, "subapp", None) is not None:
+        app = app.subapp
+    step = ResilientExecute(config=app.config)
+    try:
+        config = step.sandbox_config({"nbgrader": {"db_url": CourseDirectory(config=app.config).db_url}})
+        seconds = preflight.check(config, kernel_name=step.kernel_name)
+    except (preflight.PreflightError, SandboxUnavailable) as exc:
+        app.log.error("%s", exc)
+        raise SystemExit(f"error: {exc}") from exc
+    if seconds:
+        app.log.info("preflight: a sandboxed kernel started and imported torch in %.1f s", seconds)
 
 
 class ClearHiddenTestsSafely(ClearHiddenTests):

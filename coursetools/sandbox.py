@@ -10,11 +10,16 @@ The kernel runs inside `bwrap` (Debian's `bubblewrap`):
   kernel cannot make a user namespace of its own, and files readable only by root stay
   unreadable. Where user namespaces are refused (some containers), a root grader runs
   bwrap itself and drops to `nobody` inside with `setpriv` (still no capabilities);
-* the whole file system is read-only;
-* the course folder (gradebook, solutions with hidden tests, other students' submissions,
-  autograded notebooks), the grader's home folder, `/tmp` and PostgreSQL's socket folders
-  are replaced by small, read-only, throw-away folders — the submission cannot read or
-  change them;
+* default deny: the kernel's file system is built from nothing (`file_system_view`). It
+  holds, read-only, only the system folders (`/usr`, `/bin`, `/lib*`, `/sbin`, `/sys`), a
+  few files of `/etc` (the loader's cache, users and hosts, the time zone), the Python
+  running the kernel (its venv, the installation it was made from, the folders of its
+  import path) and any folder asked for (`expose`). The course folder (gradebook,
+  solutions with hidden tests, other students' submissions), the grader's home, other
+  clones, `/var`, `/srv`, `/opt`, `/home` and nbgrader's exchange are simply not there.
+  Every folder made on the way to a bind is 0755 (bubblewrap 0.8 would make it 0700, out
+  of reach of a kernel running as `nobody`), so Python, the venv, the scratch and
+  connection folders may lie anywhere: under `/tmp`, the grader's home, a 0700 TMPDIR;
 * writable: `/tmp`, `/dev/shm` and the kernel's working folder (the notebook's scratch
   folder, copied in), each a tmpfs with a size cap, and the kernel's connection folder
   (a 1 MiB tmpfs when the grader is root);
@@ -35,8 +40,8 @@ transport), since the sandbox has no shared network.
 Grading as root without the sandbox is refused unless asked for explicitly
 (`COURSE_ALLOW_UNSANDBOXED_ROOT=1`, or `grade-class --unsandboxed-as-root`).
 
-Not protected against: reading world-readable files elsewhere on the machine (system
-files, other users' readable files), kernel exploits, CPU time up to the limits, and —
+Not protected against: reading what the view shows (system files under /usr, the Python
+installation and its packages), kernel exploits, CPU time up to the limits, and —
 inside the kernel itself — code that defeats the in-kernel tamper checks (see
 coursetools.guard): those are flagged for review, not prevented.
 """
@@ -85,7 +90,9 @@ class SandboxConfig:
     tmpfs_mb: int = 1024  # size cap of each writable tmpfs: /tmp, /dev/shm, the scratch folder
     hide: tuple[str, ...] = ()  # folders replaced by an empty tmpfs (the course root, ...)
     expose: tuple[str, ...] = ()  # read-only folders re-exposed inside hidden ones
-    extra_hide: tuple[str, ...] = field(default=("/run/postgresql", "/var/run/postgresql"))
+    # hidden even inside a system folder the kernel sees: nbgrader's default exchange (every
+    # student's submissions) lies under /usr/local/share
+    extra_hide: tuple[str, ...] = field(default=("/usr/local/share/nbgrader",))
 
 
 def is_root() -> bool:
@@ -343,36 +350,60 @@ def sandbox_env(config: SandboxConfig | None = None) -> dict[str, str]:
     (`import_path_extras`: never the course folder)."""
     env = {k: v for k, v in os.environ.items() if k in SAFE_ENV}
     env.update(HOME="/tmp", PYTHONDONTWRITEBYTECODE="1")
-    extras = import_path_extras(_protected(config)) if config else []
+    extras = import_path_extras(config, sys_path=False) if config else []
     if extras:
         env["PYTHONPATH"] = os.pathsep.join(extras)
     return env
 
 
+def _tools_checkout() -> list[str]:
+    """The checkout these tools run from, when they run from one: it holds `solutions/`
+    (every hidden test) even when the course being graded is another folder."""
+    root = Path(__file__).resolve().parent.parent
+    return [str(root)] if (root / "solutions").is_dir() or (root / "nbgrader_config.py").exists() else []
+
+
+def _hidden(config: SandboxConfig) -> list[str]:
+    """Folders whose contents the kernel must never see: the course root and the others in
+    `config.hide`, and the checkout of these tools."""
+    return _existing([*config.hide, *_tools_checkout()])
+
+
 def _protected(config: SandboxConfig) -> list[str]:
-    return _existing([*config.hide, os.path.expanduser("~")])
+    """The hidden folders and the grader's home folder: nothing bound may hold one."""
+    return _existing([*_hidden(config), os.path.expanduser("~")])
 
 
 def python_roots() -> list[str]:
-    """Folders the kernel's Python needs to see (re-exposed if a hidden folder covers them)."""
-    roots = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
-    return sorted(r for r in roots if r)
+    """Folders the kernel's Python needs: the venv, the installation it was made from, and
+    the interpreter's own folder (wherever they lie: under /tmp, the grader's home, ...)."""
+    roots = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)}
+    # Both as named (the kernel is started by that name: a venv may be a symlink) and as
+    # resolved (its interpreter is a symlink into the installation it was made from).
+    named = {os.path.abspath(r) for r in roots if r}
+    return sorted(named | {os.path.realpath(r) for r in named}
+                  | {os.path.dirname(os.path.realpath(sys.executable))})
 
 
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
-def import_path_extras(protected: list[str]) -> list[str]:
-    """PYTHONPATH folders (packages installed with `pip --target`, say), which the kernel
-    inherits and needs to see, except any inside or around a protected folder: the course
-    root stays hidden even when a tool put it on PYTHONPATH."""
+def import_path_extras(config: SandboxConfig, *, sys_path: bool = True) -> list[str]:
+    """Folders on the import path the kernel needs besides its installation: PYTHONPATH
+    entries and `.pth` additions (packages installed with `pip --target`, an editable
+    install). The kernel is the same interpreter. Never one inside a hidden folder (the
+    course root stays hidden even when a tool put it on PYTHONPATH), nor one that holds a
+    hidden folder or the grader's home (it would show all of it)."""
+    hidden = _hidden(config)
+    protected = _protected(config)
     extras = []
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        if not entry or not os.path.isdir(entry):
-            continue
-        entry = os.path.realpath(entry)
-        if any(_inside(entry, p) or _inside(p, entry) for p in protected):
+    entries = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), *(sys.path if sys_path else [])]
+    # Each as named (what the kernel's sys.path will say: a .pth file names it so) and as
+    # resolved (where a symlink on the way leads).
+    named = [os.path.abspath(e) for e in entries if e and os.path.isdir(e)]
+    for entry in dict.fromkeys(p for e in named for p in (e, os.path.realpath(e))):
+        if any(_inside(p, entry) for p in protected) or any(_inside(entry, h) for h in hidden):
             continue
         extras.append(entry)
     return extras
@@ -381,6 +412,115 @@ def import_path_extras(protected: list[str]) -> list[str]:
 def _existing(paths) -> list[str]:
     return [p for p in dict.fromkeys(os.path.realpath(p) for p in paths) if os.path.isdir(p)]
 
+
+# -- what the kernel sees: a file system built from nothing (default deny) ----------------
+
+# System folders the kernel's programs and libraries come from (read-only). Where one is a
+# symlink (merged /usr: /bin -> usr/bin), the sandbox gets the same symlink.
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/sys")
+# What of /etc a kernel needs: the dynamic loader's cache, user and host names (getpass,
+# "localhost" for a DDP rendezvous), the time zone, Debian's alternatives and Python config.
+ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "group", "nsswitch.conf",
+               "hosts", "host.conf", "gai.conf", "localtime", "timezone", "alternatives",
+               "os-release", "mime.types", "python3", f"python3.{sys.version_info.minor}")
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+@dataclass
+class FileSystemView:
+    """The kernel's file system, as bwrap options: an empty read-only root with only what
+    the kernel needs bound into it (the system folders, Python, the working folder), never
+    the course, the grader's home, other clones or an nbgrader exchange. Every folder the
+    view must create on the way to a bind is made 0755, whatever bwrap's default is (0700
+    in bubblewrap 0.8: a kernel running as `nobody` could not pass through it)."""
+
+    binds: list[str]  # read-only binds, at the same path
+    writable: list[str]  # read-write binds, at the same path
+    hidden: list[str]  # empty read-only tmpfs laid over these (inside a bound folder)
+    symlinks: dict[str, str]  # path -> target
+    scratch: str | None
+    tmpfs_bytes: int
+
+    def args(self) -> list[str]:
+        ops: list[tuple[str, list[str]]] = []  # (target, bwrap options), emitted parents first
+        for path, target in self.symlinks.items():
+            ops.append((path, ["--symlink", target, path]))
+        for path in self.binds:
+            ops.append((path, ["--ro-bind", path, path]))
+        for path in self.writable:
+            ops.append((path, ["--bind", path, path]))
+        for path in self.hidden:
+            ops.append((path, ["--perms", "0755", "--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", path]))
+        if self.scratch:
+            ops.append((self.scratch, ["--perms", "1777", "--size", str(self.tmpfs_bytes),
+                                       "--tmpfs", self.scratch]))
+        mounts = {target for target, _ in ops}
+        bound = [*self.binds, *self.writable]
+        made: set[str] = {"/tmp"}
+        out = ["--perms", "1777", "--size", str(self.tmpfs_bytes), "--tmpfs", "/tmp",
+               "--dev", "/dev", "--perms", "1777", "--size", str(self.tmpfs_bytes), "--tmpfs", "/dev/shm",
+               "--proc", "/proc"]
+        for target, options in sorted(ops, key=lambda op: (op[0].count("/"), op[0])):
+            for parent in _ancestors(target):
+                # A parent shown by a bind exists already; one that a mount of the view
+                # covers is made inside it; any other is made here, reachable by all.
+                inside_bind = any(_inside(parent, b) and parent != b for b in bound)
+                if parent in made or parent in mounts or inside_bind or parent in ("/dev", "/proc"):
+                    continue
+                out += ["--perms", "0755", "--dir", parent]
+                made.add(parent)
+            out += options
+        if self.scratch:
+            out += ["--ro-bind", self.scratch, INPUT]
+        # Read-only from here on: the root, /dev and the hiding folders; not recursive, so
+        # /tmp, /dev/shm, the working folder and the binds keep their own settings.
+        out += ["--remount-ro", "/", "--remount-ro", "/dev"]
+        for path in self.hidden:
+            out += ["--remount-ro", path]
+        return out
+
+    def visible(self) -> list[str]:
+        """What the kernel can read of the grader's file system (for the log and the docs)."""
+        return sorted({*self.binds, *self.writable, *self.symlinks})
+
+
+def file_system_view(config: SandboxConfig, *, writable: list[str], scratch: str | None) -> FileSystemView:
+    """What a kernel with this configuration sees (see FileSystemView)."""
+    hidden_rules = [*_hidden(config), *config.extra_hide]
+    symlinks: dict[str, str] = {}
+    binds: list[str] = []
+
+    def add(path: str) -> None:
+        if os.path.islink(path):
+            symlinks[path] = os.readlink(path)
+        elif os.path.exists(path):
+            binds.append(path)
+
+    for path in SYSTEM_PATHS:
+        add(path)
+    for name in ETC_ENTRIES:
+        add(f"/etc/{name}")
+    tools = [shutil.which(t) for t in ("bwrap", "prlimit", "setpriv", "bash", "cp")]
+    extra = [*python_roots(), *[os.path.dirname(os.path.realpath(t)) for t in tools if t],
+             *import_path_extras(config), *[os.path.realpath(p) for p in config.expose if os.path.exists(p)]]
+    for path in dict.fromkeys(extra):
+        if path in ("/", "/etc") or any(_inside(path, b) for b in binds) or path in symlinks:
+            continue
+        binds = [b for b in binds if not _inside(b, path)]  # a wider folder replaces them
+        binds.append(path)
+    writable = [os.path.realpath(p) for p in writable]
+    if scratch:
+        scratch = os.path.realpath(scratch)
+    # A protected folder that a bound folder holds (the course under /usr/local, say) is
+    # covered by an empty one; binds inside it (its own .venv) are laid over that again.
+    hidden = [p for p in dict.fromkeys(os.path.realpath(h) for h in hidden_rules)
+              if os.path.isdir(p) and any(_inside(p, b) and p != b for b in binds)]
+    return FileSystemView(binds=sorted(binds), writable=writable, hidden=hidden,
+                          symlinks=symlinks, scratch=scratch, tmpfs_bytes=config.tmpfs_mb * MIB)
 
 
 # Runs as the grader, before anything starts: join the kernel's cgroups.
@@ -437,29 +577,8 @@ def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str],
     if not recipe:
         raise SandboxUnavailable(exe)
     own, inside = _recipe_args(recipe)
-    tmpfs = str(config.tmpfs_mb * MIB)
-    hidden = sorted(_existing(["/tmp", *config.hide, *config.extra_hide, os.path.expanduser("~")]),
-                    key=lambda p: p.count("/"))
-    args = [exe, *own, "--ro-bind", "/", "/", "--dev", "/dev",
-            "--perms", "1777", "--size", tmpfs, "--tmpfs", "/dev/shm", "--proc", "/proc"]
-    for path in hidden:
-        if path == "/tmp":
-            args += ["--perms", "1777", "--size", tmpfs, "--tmpfs", path]
-        else:
-            args += ["--perms", "0755", "--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", path]
-    # The Python running the kernel, its PYTHONPATH, and anything asked for stay visible
-    # (read-only) even when a hidden folder covers them (e.g. the course's own .venv).
-    for path in _existing([*python_roots(), *import_path_extras(_protected(config)), *config.expose]):
-        if any(_inside(path, h) for h in hidden):
-            args += ["--ro-bind", path, path]
-    for path in writable:
-        args += ["--bind", path, path]
-    if scratch:
-        args += ["--ro-bind", scratch, INPUT, "--perms", "1777", "--size", tmpfs, "--tmpfs", scratch]
-    # Read-only from here on: /dev (a tmpfs bwrap makes) and the hiding folders; not
-    # recursive, so /dev/shm, /tmp, the working folder and the binds keep their settings.
-    args += ["--remount-ro", "/dev"]
-    args += [arg for path in hidden if path != "/tmp" for arg in ("--remount-ro", path)]
+    view = file_system_view(config, writable=writable, scratch=scratch)
+    args = [exe, *own, *view.args()]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try", "--die-with-parent", "--new-session",
              "--setenv", "HOME", "/tmp",
@@ -471,6 +590,77 @@ def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str],
     if cgroup is not None:
         full = [_bash(), "-c", LAUNCHER, "sandbox-launch", *cgroup.procs, "--", *full]
     return full
+
+
+# Runs inside the sandbox as the kernel would: for each path the kernel needs, the first
+# folder on the way that is missing or that the kernel's user may not enter or read.
+_DIAGNOSE = r"""
+for p in "$@"; do
+  cur=""
+  IFS=/ read -ra parts <<< "${p#/}"
+  for part in "${parts[@]}"; do
+    cur="$cur/$part"
+    if [ ! -e "$cur" ] && [ ! -L "$cur" ]; then printf 'missing\t%s\t%s\n' "$cur" "$p"; continue 2; fi
+    if [ -d "$cur" ] && [ ! -x "$cur" ]; then printf 'no-entry\t%s\t%s\n' "$cur" "$p"; continue 2; fi
+  done
+  [ -r "$p" ] || printf 'no-read\t%s\t%s\n' "$p" "$p"
+done
+"""
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """A path the kernel needs and cannot reach inside the sandbox."""
+    needed: str  # what the kernel needs (the interpreter, a folder of its import path, ...)
+    where: str  # the first folder on the way that is missing or closed
+    problem: str  # 'missing', 'no-entry' or 'no-read'
+
+
+def diagnose(config: SandboxConfig, paths: list[str], *, writable: list[str] = (),
+             scratch: str | None = None) -> tuple[list[Unreachable], str]:
+    """Check, inside the sandbox and as the kernel's user, that every path in `paths` can be
+    reached: returns what cannot, and whatever the sandbox itself printed on stderr."""
+    cmd = wrap_command([_bash(), "-c", _DIAGNOSE, "sandbox-diagnose", *paths], config,
+                       writable=list(writable), scratch=scratch)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=sandbox_env(config))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], f"the sandbox could not run: {exc}"
+    found = []
+    for line in proc.stdout.splitlines():
+        problem, where, needed = (line.split("\t") + ["", ""])[:3]
+        found.append(Unreachable(needed=needed, where=where, problem=problem))
+    return found, proc.stderr.strip()
+
+
+def kernel_user() -> str:
+    """Who the sandboxed kernel runs as, in words."""
+    if is_root():
+        return f"nobody (uid {NOBODY})"
+    return f"uid {os.getuid()} (the grader's own, in a user namespace)"
+
+
+def explain(item: Unreachable) -> str:
+    """The cause of one unreachable path and its fix, in words an instructor can act on."""
+    try:
+        st = os.stat(item.where)
+        import pwd
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = str(st.st_uid)
+        mode = f"mode {st.st_mode & 0o7777:04o}, owner {owner}"
+    except OSError:
+        mode = "it does not exist outside the sandbox either"
+    if item.problem == "missing":
+        return (f"{item.needed} is needed by the kernel but {item.where} is not in the sandbox's view "
+                f"({mode}). Fix: show it to the kernel, read-only: c.ResilientExecute.expose = "
+                f"['{item.where}'] in nbgrader_config.py, or grade-class --sandbox-expose {item.where}")
+    verb = "enter" if item.problem == "no-entry" else "read"
+    return (f"the kernel runs as {kernel_user()} and cannot {verb} {item.where} ({mode}), on the way to "
+            f"{item.needed}. Fix: let other users {verb} it (chmod o+{'x' if verb == 'enter' else 'r'} "
+            f"{item.where}, and its parent folders), or keep Python and the course's .venv in a folder "
+            "others can read (e.g. /opt or /srv), or grade as an unprivileged user who owns them")
 
 
 @functools.cache
@@ -511,7 +701,8 @@ def describe(config: SandboxConfig) -> str:
         scope = "per sandbox" if recipe == "userns" else "shared by every nobody process"
         memory += f"; RLIMIT_NPROC {nproc} ({scope})"
     runtime = "1 MiB tmpfs" if can_mount_tmpfs() else "plain folder (its files are not capped in number)"
-    return (f"sandbox {bwrap_version()}: kernel as {who}; read-only /, course/home/tmp hidden; "
+    return (f"sandbox {bwrap_version()}: kernel as {who}; file system: only the system folders, its "
+            f"Python and its working folder, read-only (the course, home folders, /var, /srv, /opt not there); "
             f"network none; {memory}; {limits}; /tmp, /dev/shm and the working folder are "
             f"tmpfs capped at {config.tmpfs_mb} MiB each; connection folder: {runtime}")
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from nbformat import NotebookNode, v4
 
 from . import lab, layout, notebooks, review
-from .execute import CELL_TIMEOUT_S, Outcome, execute_resilient
+from .execute import CELL_TIMEOUT_S, KernelStartError, Outcome, execute_resilient
 from .i18n import describe_test, notebook_language, set_language, tr
 from .notebooks import NotebookError
 
@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                               findings=findings)
     except NotebookError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KernelStartError as exc:
+        # Not your answers' fault: no Python kernel starts here (nothing was graded).
+        print(f"error: cannot check {notebook}: {exc}\n(the kernel is {sys.executable} -m ipykernel; "
+              "`python3 make.py lab` once reinstalls .venv if it is broken)", file=sys.stderr)
         return 2
     print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only,
                         findings))

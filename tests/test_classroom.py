@@ -389,6 +389,12 @@ class ClassSummary:
             terminalreporter.write(self.text)
 
 
+# The simulated class is graded once, in the fixture, by grade-class: 37 submissions one after
+# another (937 s measured on a 2-core machine at load 12; its subprocess limit is 3000 s).
+# Every test here may be the one that pays for it, so they all get the class's time limit.
+pytestmark = pytest.mark.timeout(3600)
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("class")
@@ -517,9 +523,10 @@ def _attack_report(graded_class, student):
 @needs_sandbox
 def test_sandbox_escape_as_root_fails(graded_class):
     """The escape issue 13 found (remount / read-write, unmount the folder hiding the
-    course, read solutions/, rewrite the gradebook with SQL) fails at the first step."""
+    course, read solutions/, rewrite the gradebook with SQL) fails at the first step. The
+    course is not in the kernel's file system at all (default deny): nothing to unmount."""
     report = _attack_report(graded_class, "escape-as-root")
-    assert report["remount / rw"] == "EPERM" and report["umount course"] == "EPERM", report
+    assert report["remount / rw"] == "EPERM" and report["umount course"] in ("ENOENT", "EPERM"), report
     assert report["umount /tmp"] == "EPERM", report
     assert report["solutions"] == 0 and report["sql"] == "OperationalError", report
 
@@ -712,8 +719,8 @@ def test_grades_csv_has_every_graded_submission(graded_class):
 def test_sandbox_keeps_pythonpath_packages_but_not_the_course(tmp_path, monkeypatch):
     """Packages on PYTHONPATH (e.g. installed with pip --target under /tmp) stay importable
     in the kernel's sandbox; a PYTHONPATH entry that is the hidden course folder does not
-    make it readable."""
-    site = tmp_path / "site"  # under /tmp, which the sandbox replaces with an empty folder
+    make it visible."""
+    site = tmp_path / "site"  # under /tmp, which the sandbox replaces with an empty tmpfs
     (site / "probe_pkg").mkdir(parents=True)
     (site / "probe_pkg" / "__init__.py").write_text("VALUE = 42\n")
     course = tmp_path / "course"
@@ -722,11 +729,11 @@ def test_sandbox_keeps_pythonpath_packages_but_not_the_course(tmp_path, monkeypa
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(course)]))
     config = sandbox.SandboxConfig(mode="bwrap", hide=(str(course),))
     probe = ("import os, probe_pkg; print(probe_pkg.VALUE); "
-             f"print(sorted(os.listdir({str(course)!r})))")
+             f"print(os.path.exists({str(course)!r}))")
     env = sandbox.sandbox_env(config)  # what the grader gives the kernel
     assert env["PYTHONPATH"] == os.path.realpath(site), env.get("PYTHONPATH")
     cmd = sandbox.wrap_command([sys.executable, "-c", probe], config, writable=[])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["42", "[]"], (
-        f"expected the package importable and the course folder empty, got {proc.stdout!r}")
+    assert proc.stdout.split() == ["42", "False"], (
+        f"expected the package importable and the course folder not there at all, got {proc.stdout!r}")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -125,7 +126,7 @@ def test_remount_and_umount_escape_fails_with_eperm(course, recipe):
         "cap_eff": status["CapEff"].strip(), "cap_bnd": status["CapBnd"].strip(),
         "remount / rw": call("mount", None, b"/", None, MS_REMOUNT, None),
         "remount / rw (bind)": call("mount", None, b"/", None, MS_REMOUNT | MS_BIND, None),
-        "umount hiding tmpfs": call("umount2", {str(root).encode()!r}, 2),
+        "umount a bind": call("umount2", b"/usr", 2),
         "umount /tmp": call("umount2", b"/tmp", 2),
         "new mount namespace": call("unshare", CLONE_NEWNS),
         "write course folder": attempt(lambda: open({str(root / "x")!r}, "w")),
@@ -133,22 +134,22 @@ def test_remount_and_umount_escape_fails_with_eperm(course, recipe):
     }}
     if out["new user namespace"] == "ok":  # capabilities there: mounts stay locked anyway
         out["mount namespace in it"] = call("unshare", CLONE_NEWNS)
-        out["umount there"] = call("umount2", {str(root).encode()!r}, 2)
-    out["course folder"] = sorted(os.listdir({str(root)!r}))
+        out["umount there"] = call("umount2", b"/usr", 2)
+    out["course folder"] = attempt(lambda: os.listdir({str(root)!r}))
     print(json.dumps(out))
     """
     rc, out, proc = run_in_sandbox(code, course)
     assert rc == 0 and out, proc.stderr
     assert out["remount / rw"] == "EPERM" and out["remount / rw (bind)"] == "EPERM", out
-    assert out["umount hiding tmpfs"] == "EPERM" and out["umount /tmp"] == "EPERM", out
+    assert out["umount a bind"] == "EPERM" and out["umount /tmp"] == "EPERM", out
     assert out["new mount namespace"] == "EPERM", out
     if recipe == "userns":  # --disable-userns
         assert out["new user namespace"] in ("EPERM", "ENOSPC", "EUSERS"), out
     elif out["new user namespace"] == "ok":  # setpriv where user namespaces work after all
         assert out["umount there"] in ("EINVAL", "EPERM"), out  # locked: still hidden
     assert int(out["cap_eff"], 16) == 0 and int(out["cap_bnd"], 16) == 0, out
-    assert out["course folder"] == [], out
-    assert out["write course folder"] in ("EROFS", "EACCES"), out
+    assert out["course folder"] == "ENOENT", out  # not there at all (default deny)
+    assert out["write course folder"] in ("ENOENT", "EROFS", "EACCES"), out
     if ROOT:
         assert (out["uid"], out["gid"], out["groups"]) == (65534, 65534, []), out
     assert _digest(root) == before, "the course folder changed"
@@ -156,27 +157,27 @@ def test_remount_and_umount_escape_fails_with_eperm(course, recipe):
 
 @needs_sandbox
 @as_root
-def test_as_root_the_kernel_is_nobody_outside_too(course):
-    """Seen from outside the sandbox, the kernel's process belongs to nobody: files only
-    root may read (here a 0600 file outside the hidden folders) stay unreadable."""
-    path = f"/var/tmp/course-sandbox-secret-{os.getpid()}"  # /tmp is hidden; /var/tmp is not
-    with open(path, "w") as f:
-        f.write("root only")
+def test_as_root_the_kernel_is_nobody_outside_too(course, tmp_path):
+    """Seen from outside the sandbox, the kernel's process belongs to nobody: a file only
+    root may read, in a folder the sandbox shows (`expose`), stays unreadable."""
+    shown = tmp_path / "shown"
+    shown.mkdir(mode=0o755)
+    os.chmod(tmp_path, 0o755)
+    path = shown / "secret"
+    path.write_text("root only")
     os.chmod(path, 0o600)
-    try:
-        code = f"""
-        status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
-        print(json.dumps({{"uid line": status["Uid"].split(), "read": attempt(lambda: open({path!r}).read()),
-                           "shadow": attempt(lambda: open("/etc/shadow").read())}}))
-        """
-        rc, out, proc = run_in_sandbox(code, course)
-    finally:
-        os.unlink(path)
+    code = f"""
+    status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
+    print(json.dumps({{"uid line": status["Uid"].split(), "read": attempt(lambda: open({str(path)!r}).read()),
+                       "listed": sorted(os.listdir({str(shown)!r})),
+                       "shadow": attempt(lambda: open("/etc/shadow").read())}}))
+    """
+    rc, out, proc = run_in_sandbox(code, course, expose=(str(shown),))
     assert rc == 0 and out, proc.stderr
+    assert out["listed"] == ["secret"], out
     assert out["read"] == "EACCES", out
     assert out["uid line"] == ["65534"] * 4, out
-    if os.path.exists("/etc/shadow"):
-        assert out["shadow"] == "EACCES", out
+    assert out["shadow"] in ("ENOENT", "EACCES"), out  # /etc/shadow is not in the view at all
 
 
 @needs_sandbox
@@ -351,9 +352,12 @@ def test_processes_of_two_sandboxes_do_not_share_the_cap(course):
     if ROOT:
         os.chmod(hold, 0o666)
         os.chmod(folder, 0o755)
-    first = subprocess.Popen(cmd, cwd=scratch, stdout=subprocess.PIPE, text=True, env=sandbox.sandbox_env(config))
+    first = subprocess.Popen(cmd, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=sandbox.sandbox_env(config))
     try:
-        assert json.loads(first.stdout.readline()) == {"holding": cap - 16}
+        line = first.stdout.readline()
+        assert line, f"the first sandbox did not start: {first.stderr.read()[-2000:] if first.wait(60) is not None else ''}"
+        assert json.loads(line) == {"holding": cap - 16}
         rc, out, proc = run_in_sandbox(f"""
             import os, json
             r, w = os.pipe()
@@ -367,10 +371,21 @@ def test_processes_of_two_sandboxes_do_not_share_the_cap(course):
             print(json.dumps({{"forked": n}}))
             """, course, max_processes=cap)
     finally:
-        with open(hold, "w") as f:
-            f.write("go")
-        first.wait(timeout=120)
-        shutil.rmtree(folder)
+        # Let the holder go. Opening a FIFO for writing blocks until a reader opens it, and
+        # a holder that never started never will: O_NONBLOCK fails at once (ENXIO) instead.
+        try:
+            fd = os.open(hold, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"go")
+            os.close(fd)
+        except OSError:
+            pass
+        try:
+            first.wait(timeout=120)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait(timeout=30)
+            shutil.rmtree(folder)
     assert rc == 0 and out == {"forked": cap - 16}, (out, proc.stderr)
 
 
@@ -411,3 +426,41 @@ def test_log_line_says_which_limits_hold():
         assert "no writable cgroup" in line
     if ROOT:
         assert "uid 65534" in line and "no capabilities" in line
+
+
+@needs_sandbox
+def test_the_kernel_sees_only_what_it_needs(course, tmp_path):
+    """Default deny: the kernel's file system is built from nothing. Another clone of the
+    course lying world-readable on the machine (a TA's checkout, an exchange folder) is not
+    there at all; neither are /home, /root's other files, /var, /srv, /opt or /etc's secrets.
+    What is there: the system folders, the interpreter and its import path, /tmp, /dev, /proc."""
+    other = Path(tempfile.mkdtemp(prefix="course-other-clone-", dir="/var/tmp"))
+    try:
+        os.chmod(other, 0o755)
+        (other / "solutions").mkdir(mode=0o755)
+        (other / "solutions" / "01.ipynb").write_text("assert answer == 42  # a hidden test")
+        os.chmod(other / "solutions" / "01.ipynb", 0o644)
+        shown = sandbox.python_roots() + sandbox.import_path_extras(sandbox.SandboxConfig(hide=(str(course[0]),)))
+        code = f"""
+        top = sorted(os.listdir("/"))
+        seen = []
+        for folder in ("/var", "/srv", "/opt", "/home", "/mnt", "/media", "/run", "/root", "/work"):
+            for dirpath, dirnames, filenames in os.walk(folder):
+                if any(dirpath == r or dirpath.startswith(r + "/") for r in {shown!r}):
+                    dirnames[:] = []
+                    continue
+                seen += [os.path.join(dirpath, n) for n in filenames]
+        out = {{"top": top, "other clone": attempt(lambda: os.listdir({str(other)!r})),
+                "etc": sorted(os.listdir("/etc")), "other files": seen[:20], "count": len(seen)}}
+        print(json.dumps(out))
+        """
+        rc, out, proc = run_in_sandbox(code, course)
+    finally:
+        shutil.rmtree(other)
+    assert rc == 0 and out, proc.stderr
+    assert out["other clone"] == "ENOENT", out
+    allowed_top = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "tmp", "usr"}
+    roots = {p.strip("/").split("/")[0] for p in shown}
+    assert set(out["top"]) <= allowed_top | roots, out["top"]
+    assert "shadow" not in out["etc"] and "ssh" not in out["etc"], out["etc"]
+    assert out["count"] == 0, out["other files"]  # nothing but the interpreter's own files there
