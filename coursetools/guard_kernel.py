@@ -355,7 +355,19 @@ def install(guard_name, key, grader_files, mark, magic, templates):  # noqa: C90
                "__subclasscheck__", "__torch_function__", "__torch_dispatch__", "__len__",
                "__contains__", "__float__", "__int__", "__index__", "__str__", "__repr__", "__format__"})
     forging_order = tuple(sorted(forging))
-    roots = tuple(sorted({p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}))
+    def library_roots():
+        """Where library code lives: the installation's prefixes, and every folder of the
+        import path the kernel cannot write to (packages on PYTHONPATH, `.pth` additions, an
+        editable install), as named and as resolved. A folder it can write to (its working
+        folder, /tmp) is not one: a module a student writes there is the student's."""
+        import os
+        found = {p for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}
+        for entry in list(sys.path):
+            if entry and os.path.isdir(entry) and not os.access(entry, os.W_OK):
+                found.update((os.path.abspath(entry), os.path.realpath(entry)))
+        return tuple(sorted(p.rstrip("/") + "/" for p in found))
+
+    roots = library_roots()
     course_files = set()  # cells of the course (locked), recorded around them
     allowed_classes = set()
 

@@ -370,8 +370,10 @@ def _hidden(config: SandboxConfig) -> list[str]:
 
 
 def _protected(config: SandboxConfig) -> list[str]:
-    """The hidden folders and the grader's home folder: nothing bound may hold one."""
-    return _existing([*_hidden(config), os.path.expanduser("~")])
+    """The hidden folders, the grader's home folder and the temporary folders (the kernel
+    has a /tmp of its own; the grader's holds other users' files and the scratch folders):
+    nothing bound may hold one."""
+    return _existing([*_hidden(config), os.path.expanduser("~"), "/tmp", tempfile.gettempdir()])
 
 
 def python_roots() -> list[str]:

@@ -153,8 +153,11 @@ DRIVER = textwrap.dedent("""
     nb, res = step.preprocess(notebooks.read(path), {"metadata": {"path": os.path.dirname(path)},
                                                      "unique_key": "layout-case"})
     grades = [determine_grade(c) for c in nb.cells if is_grade(c)]
+    outputs = {c.metadata["nbgrader"]["grade_id"]: [o.get("text") or f"{o.get('ename')}: {o.get('evalue')}"
+                                                  for o in c.get("outputs", [])] for c in nb.cells if is_grade(c)}
     print(json.dumps({"score": [sum(g[0] or 0 for g in grades), sum(g[1] for g in grades)],
-                      "sandbox": res["resilient_execute"]["sandbox"], "notes": res["resilient_execute"]["notes"]}))
+                      "sandbox": res["resilient_execute"]["sandbox"], "notes": res["resilient_execute"]["notes"],
+                      "outputs": outputs}))
 """)
 
 CASES = ["clone-under-tmp", "venv-in-home", "tmpdir-0700", "runtime-in-home"]
