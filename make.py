@@ -127,12 +127,12 @@ def ensure_env(dev: bool) -> Path:
 
 
 def install_site_files(py: Path) -> None:
-    """coursetools/site/*.py into .venv's site-packages, each loaded at start by a .pth file:
+    """coursetools/venv_site/*.py into .venv's site-packages, each loaded at start by a .pth file:
     course_lazy_rfc3987 saves 1.2-1.7 s in every process that imports nbformat (its docstring
     says why and how)."""
     site_dir = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip())
-    for source in sorted((ROOT / "coursetools" / "site").glob("*.py")):
+    for source in sorted((ROOT / "coursetools" / "venv_site").glob("*.py")):
         for target, text in ((site_dir / source.name, source.read_text()),
                              (site_dir / f"{source.stem}.pth", f"import {source.stem}\n")):
             if not target.exists() or target.read_text() != text:
@@ -152,11 +152,14 @@ def jupyter_env() -> dict[str, str]:
     return env
 
 
-# make.py subcommand -> coursetools module that implements it
-MODULES = {"check": "selfcheck", "release": "release", "links": "links",
-           "author-check": "authorcheck", "new-chapter": "newchapter", "grade-class": "classroom",
-           "gpu-report": "gpu_report", "test-torch": "torchrange",
-           "cheatsheet": "cheatsheet", "site": "website", "i18n": "i18n"}
+# make.py subcommand -> the coursetools module that implements it, by whom it serves
+# (coursetools/__init__.py has the map): learner, instructor, author, evidence, publish.
+MODULES = {"check": "learner.selfcheck",
+           "grade-class": "instructor.classroom",
+           "release": "author.release", "links": "author.links", "author-check": "author.authorcheck",
+           "new-chapter": "author.newchapter", "cheatsheet": "author.cheatsheet",
+           "gpu-report": "evidence.gpu_report", "test-torch": "evidence.torchrange",
+           "site": "publish.website", "i18n": "publish.i18n"}
 
 
 # Commands that run the test suite need the test-only packages too (`site`: Sphinx and its
@@ -171,8 +174,8 @@ def main(argv: list[str]) -> int:
     command, args = argv[0], argv[1:]
     if command == "lab":
         py = ensure_env(dev=False)
-        # coursetools/lab.py: the learner's work folder, the mode's Jupyter configuration.
-        cmd = [str(py), "-m", "coursetools.lab", *args]
+        # coursetools/learner/lab.py: the learner's work folder, the mode's Jupyter configuration.
+        cmd = [str(py), "-m", "coursetools.learner.lab", *args]
         env = {**jupyter_env(), "PYTHONPATH": os.pathsep.join(
             [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
         if os.name == "posix":  # become it, so that Ctrl-C reaches Jupyter alone

@@ -1,7 +1,7 @@
 """nbgrader configuration of the course: `solutions/` is the source, `exercises/` the release.
 
 nbgrader ignores (only logs) an exception raised in this file and falls back to its
-defaults, so tests/test_release.py loads it and checks every value below.
+defaults, so tests/author/test_release.py loads it and checks every value below.
 """
 
 import os
@@ -20,8 +20,8 @@ from nbgrader.preprocessors import (  # noqa: E402
     InstantiateTests, LimitOutput, LockCells, SaveAutoGrades, SaveCells,
 )
 
-from coursetools.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
-from coursetools.nbgrader_ext import (  # noqa: E402
+from coursetools.grading.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
+from coursetools.instructor.nbgrader_ext import (  # noqa: E402
     ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells, preflight_hook,
 )
 
@@ -43,12 +43,12 @@ c.OverwriteCells.add_missing_cells = True
 # Autograding: nbgrader's steps, with Execute replaced by ResilientExecute (a crash or a
 # hang costs one cell, not the notebook; the kernel runs sandboxed; a test's result comes
 # from the kernel protocol, with tamper checks around it, and its outputs become the
-# grader's verdict; hidden tests reach the kernel compiled). See coursetools/nbgrader_ext.py.
+# grader's verdict; hidden tests reach the kernel compiled). See coursetools/instructor/nbgrader_ext.py.
 c.Autograde.autograde_preprocessors = [
     ResilientExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata,
 ]
-# Per-cell limit and per-submission budget: one place, coursetools/execute.py (the
+# Per-cell limit and per-submission budget: one place, coursetools/grading/execute.py (the
 # self-check uses the same limit). Chapter 06's graded cell launches 2 processes (up to
 # 42 s seen on a loaded 2-core machine); the budget is 5 cell limits for a whole notebook.
 c.ResilientExecute.timeout = CELL_TIMEOUT_S

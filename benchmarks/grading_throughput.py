@@ -25,8 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from coursetools import fixtures, layout, notebooks, sandbox
-from coursetools.nbgrader_course import NbgraderCourse
+from coursetools.author import fixtures
+from coursetools import layout, notebooks
+from coursetools.grading import sandbox
+from coursetools.author.nbgrader_course import NbgraderCourse
 
 
 def build(root: Path, name: str, students: int) -> NbgraderCourse:
@@ -43,7 +45,7 @@ def grade(course: NbgraderCourse, name: str, mode: str) -> float:
             "checks on": [], "checks off": ["--no-tamper-checks"]}[mode]
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "coursetools.classroom", name, "--course", str(course.root), *args],
+        [sys.executable, "-m", "coursetools.instructor.classroom", name, "--course", str(course.root), *args],
         cwd=ROOT, capture_output=True, text=True, env=layout.env_with_course_tools())
     seconds = time.perf_counter() - start
     if proc.returncode != 0:

@@ -7,8 +7,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# The repository (coursetools) and tests/ itself (hostile_submissions, shared by the grading
+# and instructor tests), whichever folder a test file lies in (tests/ mirrors coursetools/).
+for _path in (ROOT, ROOT / "tests"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 # Run order: cheap static checks first, then the long work units (under pytest-xdist's
 # `--dist loadscope`, what `make.py test` runs, a unit is a file (a notebook: nbval's cells
@@ -50,12 +53,12 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_configure(config):
-    """Grading refuses to run unsandboxed as root (coursetools/sandbox.py). Where bubblewrap
+    """Grading refuses to run unsandboxed as root (coursetools/grading/sandbox.py). Where bubblewrap
     cannot sandbox (not installed, user namespaces refused), the grading tests still test
     grading, unsandboxed, and say so once; the sandbox's own tests skip there."""
     import os
 
-    from coursetools import sandbox
+    from coursetools.grading import sandbox
 
     if sandbox.is_root() and not sandbox.bwrap_works()[0]:
         os.environ.setdefault(sandbox.ALLOW_ROOT_ENV, "1")
@@ -74,10 +77,10 @@ def pytest_report_header(config):
 # prints the files they wrote during this run.
 _STARTED = time.time()
 _SUMMARY_FILES = {
-    "grade-class on the simulated class (tests/test_classroom.py)": "grade-class-summary.txt",
+    "grade-class on the simulated class (tests/instructor/test_classroom.py)": "grade-class-summary.txt",
     "notebook run times (stand-alone, deprecations as errors)": "notebook-times.txt",
-    "GPU records in the lessons (tests/test_gpu_records.py)": "gpu-record-coverage.txt",
-    "the Chinese edition's translation coverage (tests/test_i18n.py)": "i18n-coverage.txt",
+    "GPU records in the lessons (tests/author/test_gpu_records.py)": "gpu-record-coverage.txt",
+    "the Chinese edition's translation coverage (tests/publish/test_i18n.py)": "i18n-coverage.txt",
 }
 
 

@@ -1,7 +1,7 @@
 """Code a determined student writes against the grader (issue 22), as cell sources.
 
-Shared by the class simulation (tests/test_classroom.py, chapter 01 through nbgrader) and
-tests/test_forgery.py (small notebooks through coursetools.execute). Each constant is the
+Shared by the class simulation (tests/instructor/test_classroom.py, chapter 01 through nbgrader) and
+tests/grading/test_forgery.py (small notebooks through coursetools.grading.execute). Each constant is the
 code of one cell a student adds or puts in an answer cell; none imports the course's tools.
 Issue 22 measured each of the first six on the grader before its fixes (blank answers
 scored 18/18 with no flag through the first three).

@@ -96,7 +96,7 @@ def test_grading_artefacts_are_ignored():
 
 
 def test_every_chapter_is_in_the_readme_course_map():
-    from coursetools import links
+    from coursetools.author import links
     readme = (ROOT / "README.md").read_text()
     assert links.course_map() in readme, "README's course map is stale: run `python3 make.py links`"
     cfg = layout.config()

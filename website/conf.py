@@ -1,9 +1,9 @@
-"""Sphinx configuration of the course website (`python3 make.py site`, coursetools/website.py).
+"""Sphinx configuration of the course website (`python3 make.py site`, coursetools/publish/website.py).
 
-Sphinx reads the folder that coursetools/website.py stages from the repository (lessons,
+Sphinx reads the folder that coursetools/publish/website.py stages from the repository (lessons,
 released exercises, the cheat sheet, the myths page, the instructor guide, the home and
 "about these outputs" pages); this file only says how to render it. Lessons were executed
-before Sphinx starts (coursetools/website.py, into a jupyter-cache), so myst-nb's "cache" mode
+before Sphinx starts (coursetools/publish/website.py, into a jupyter-cache), so myst-nb's "cache" mode
 only reads their outputs; released exercises are shown as released, never executed.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from coursetools import layout  # noqa: E402
+from coursetools import layout# noqa: E402
 
 _cfg = layout.config()
 
@@ -23,7 +23,7 @@ author = "the course's authors"
 copyright = "the course's authors"
 extensions = ["myst_nb"]
 
-# Only what coursetools/website.py staged; its bookkeeping and the execution cache are no pages.
+# Only what coursetools/publish/website.py staged; its bookkeeping and the execution cache are no pages.
 exclude_patterns = ["_build", "**.ipynb_checkpoints", "site-manifest.json"]
 root_doc = "index"
 
@@ -32,7 +32,7 @@ root_doc = "index"
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 
-# Notebooks: outputs come from the cache that coursetools/website.py filled (it refuses to
+# Notebooks: outputs come from the cache that coursetools/publish/website.py filled (it refuses to
 # build when a lesson failed); exercises are never executed.
 nb_execution_mode = "cache"
 nb_execution_cache_path = os.environ["COURSE_SITE_CACHE"]

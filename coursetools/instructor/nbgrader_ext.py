@@ -1,0 +1,333 @@
+"""nbgrader preprocessors the course adds to nbgrader's own (configured in nbgrader_config.py)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import re
+import shutil
+import stat
+import tempfile
+from typing import Tuple
+
+from nbconvert.exporters.exporter import ResourcesDict
+from nbformat import v4
+from nbformat.notebooknode import NotebookNode
+from nbgrader import utils
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
+from traitlets import Bool, Integer, List, Unicode
+
+from coursetools.grading import execute, guard, review
+from coursetools import notebooks
+from coursetools.grading.execute import (
+    BUDGET_ENAME,
+    CELL_TIMEOUT_S,
+    SUBMISSION_BUDGET_S,
+    Outcome,
+    execute_resilient,
+)
+from coursetools.notebooks import RAISES_TAG
+from coursetools.grading.sandbox import (
+    SandboxConfig,
+    SandboxUnavailable,
+    bwrap_works,
+    kernel_manager_for,
+    resolve_mode,
+    sandbox_env,
+)
+
+
+class TagStubCells(NbGraderPreprocessor):
+    """Tag the release's answer and test cells so nbval permits their stub errors.
+
+    An untouched release raises `NotImplementedError` in every answer cell and so fails
+    every test cell; nbval must run it to the end and allow exactly those cells to raise.
+    Tags are not part of nbgrader's checksums, and the tags are added to the release only:
+    in `solutions/` every cell must run cleanly.
+    """
+
+    tag = Unicode(RAISES_TAG, help="The cell tag that permits an exception under nbval").tag(config=True)
+
+    def preprocess_cell(self, cell: NotebookNode, resources: ResourcesDict,
+                        cell_index: int) -> Tuple[NotebookNode, ResourcesDict]:
+        if cell.cell_type == "code" and (utils.is_solution(cell) or utils.is_grade(cell)):
+            tags = cell.metadata.setdefault("tags", [])
+            if self.tag not in tags:
+                tags.append(self.tag)
+        return cell, resources
+
+
+_GRADER_FRAME = re.compile(r"<grader test (?P<gid>[^>]*)>:(?P<line>\d+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Exception names shown in feedback as they are; any other name (a student's class name can
+# carry any text) is shown as "Error".
+_SAFE_ENAMES = {name for name, value in vars(builtins).items()
+                if isinstance(value, type) and issubclass(value, BaseException)} | {
+    guard.TAMPER_ENAME, BUDGET_ENAME, "CellTimeoutError", "DeadKernelError", "NotExecuted",
+    "StderrWritten", "HiddenError", review.REVIEW_ENAME}
+_GRADER_ENAMES = {guard.TAMPER_ENAME, BUDGET_ENAME, "CellTimeoutError", "DeadKernelError", "NotExecuted"}
+
+
+def _hidden_line_numbers(source: str) -> set[int]:
+    hidden, inside = set(), False
+    for number, line in enumerate(source.split("\n"), start=1):
+        text = line.strip()
+        if text == notebooks.BEGIN_HIDDEN:
+            inside = True
+        elif text == notebooks.END_HIDDEN:
+            inside = False
+        if inside or text == notebooks.END_HIDDEN:
+            hidden.add(number)
+    return hidden
+
+
+def _failing_line(error: NotebookNode) -> int | None:
+    """The line of the test cell that raised: the innermost frame in the compiled test."""
+    found = None
+    for frame in error.get("traceback", []):
+        for match in _GRADER_FRAME.finditer(_ANSI.sub("", frame)):
+            found = int(match.group("line"))
+    return found
+
+
+def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str | None) -> list[NotebookNode]:
+    """What feedback shows for a test cell: the grader's verdict, never the outputs the
+    test produced (hidden tests ran there: anything they printed or drew stays out)."""
+    points = notebooks.points(cell)
+    if outcome is Outcome.OK and not tampering:
+        return [v4.new_output("stream", name="stdout", text=f"passed: {points:g}/{points:g} points\n")]
+    if tampering:
+        return [guard.tamper_output(tampering[:1000])]
+    errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+    first = errors[0] if errors else None
+    if first is not None and first.get("ename") in _GRADER_ENAMES:
+        return [execute.error_output(first.ename, first.get("evalue", "")[:1000])]
+    if first is None:
+        return [execute.error_output("StderrWritten", "the test wrote to stderr (a warning?), which scores 0")]
+    ename = first.get("ename") if first.get("ename") in _SAFE_ENAMES else "Error"
+    line = _failing_line(first)
+    if line is None or line in _hidden_line_numbers(cell.source):
+        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)")]
+    message = _ANSI.sub("", first.get("evalue", ""))[:1000]
+    return [execute.error_output(ename, f"{message} (test line {line})")]
+
+
+class ResilientExecute(NbGraderPreprocessor):
+    """nbgrader's Execute step, made to survive a real class (replaces `Execute`).
+
+    * each cell has a time limit, and the whole notebook a time budget; a cell that hangs
+      or kills the kernel costs that cell (and what depends on it): the kernel is
+      restarted, earlier cells replayed, and grading goes on (coursetools.grading.execute). A cell
+      that never ran gets an error, so nbgrader cannot score it as passed;
+    * a test cell's result comes from the kernel protocol (reply status, error and stderr
+      messages), with tamper checks before and after it (coursetools.grading.guard); its outputs
+      are then replaced by the grader's verdict (passed / the visible assertion message /
+      "a hidden test failed"), which is what nbgrader scores and feedback shows;
+    * the kernel runs in the sandbox (coursetools.grading.sandbox): no access to the course folder
+      (gradebook, solutions, other submissions), no network, limited memory and CPU, in a
+      scratch folder deleted afterwards;
+    * test cells reach the kernel compiled (hidden tests never as text), and any output
+      line still holding hidden-test source or a hidden test's string constant is removed;
+    * output is capped per cell and per notebook (display updates and errors included);
+    * the static review (coursetools.grading.review) reads the student's cells and puts what it
+      flags first in the flagged cell (`FlaggedForReview`); the score is not changed;
+    * files from the submission folder reach the kernel's scratch folder as regular files
+      only: symbolic links are not followed.
+    """
+
+    timeout = Integer(CELL_TIMEOUT_S, help="Seconds a cell may run before it is stopped").tag(config=True)
+    budget = Integer(SUBMISSION_BUDGET_S, help="Seconds a whole submission may run").tag(config=True)
+    max_restarts = Integer(6, help="Kernel restarts allowed per notebook (crashes, hangs)").tag(config=True)
+    sandbox = Unicode("auto", help="'bwrap', 'off', or 'auto' (bwrap where it works)").tag(config=True)
+    memory_mb = Integer(4096, help="Memory (data segment) limit of the kernel, MiB").tag(config=True)
+    cpu_seconds = Integer(1800, help="CPU-time limit per kernel process, seconds").tag(config=True)
+    max_processes = Integer(SandboxConfig.max_processes, help="Processes and threads the sandboxed kernel may run").tag(config=True)
+    file_mb = Integer(SandboxConfig.file_mb, help="Largest file the sandboxed kernel may write, MiB").tag(config=True)
+    tmpfs_mb = Integer(SandboxConfig.tmpfs_mb, help="Size of each writable tmpfs in the sandbox (/tmp, /dev/shm, "
+                                  "the working folder), MiB").tag(config=True)
+    hide = List(Unicode(), help="Extra folders the sandboxed kernel must not see").tag(config=True)
+    expose = List(Unicode(), help="Extra folders the sandboxed kernel may read (the sandbox shows only "
+                                  "the system folders, Python and the working folder)").tag(config=True)
+    max_output_bytes = Integer(2_000_000, help="Output kept per cell, bytes").tag(config=True)
+    max_total_output_bytes = Integer(20_000_000, help="Output kept per notebook, bytes").tag(config=True)
+    tamper_checks = Bool(True, help="Tamper checks around each test cell, tests sent compiled").tag(config=True)
+    kernel_name = Unicode("python3").tag(config=True)
+
+    def sandbox_config(self, resources: ResourcesDict) -> SandboxConfig:
+        mode = resolve_mode(self.sandbox)
+        if mode == "off" and self.sandbox == "auto":
+            self.log.warning("grading WITHOUT a sandbox: %s", bwrap_works()[1])
+        hide = [os.getcwd(), *self.hide]  # nbgrader runs converters from the course root
+        db_url = (resources.get("nbgrader") or {}).get("db_url", "")
+        if db_url.startswith("sqlite:///"):
+            hide.append(os.path.dirname(db_url[len("sqlite:///"):]))
+        return SandboxConfig(mode=mode, memory_mb=self.memory_mb, cpu_seconds=self.cpu_seconds,
+                             max_processes=self.max_processes, file_mb=self.file_mb,
+                             tmpfs_mb=self.tmpfs_mb, hide=tuple(hide), expose=tuple(self.expose))
+
+    def submitted_folder(self, resources: ResourcesDict) -> str | None:
+        """The student's folder in submitted/, where nbgrader copied this notebook's files from."""
+        info = resources.get("nbgrader") or {}
+        student, assignment = info.get("student"), info.get("assignment")
+        if not student or not assignment:
+            return None
+        course = self.config.CourseDirectory
+        root = course.get("root", os.getcwd())
+        return os.path.join(root, course.get("submitted_directory", "submitted"), student, assignment)
+
+    def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> Tuple[NotebookNode, ResourcesDict]:
+        config = self.sandbox_config(resources)
+        here = (resources.get("metadata") or {}).get("path") or "."
+        key = resources.get("unique_key", "notebook")
+        scratch = tempfile.mkdtemp(prefix="grading-")
+        try:
+            skipped = copy_data_files(here, scratch, self.submitted_folder(resources))
+            for name in skipped:
+                self.log.warning("%s: %s is a symbolic link in the submission: not given to the kernel", key, name)
+            kernel_env = sandbox_env(config) if config.mode != "off" else None
+            report = execute_resilient(
+                nb, cwd=scratch, timeout=self.timeout, kernel_name=self.kernel_name,
+                max_restarts=self.max_restarts, env=kernel_env, guarded=self.tamper_checks,
+                budget=self.budget,
+                is_replayable=lambda c: not notebooks.is_test_cell(c),
+                client_kwargs={"kernel_manager_class": kernel_manager_for(config, scratch),
+                               "max_output_bytes": self.max_output_bytes,
+                               "max_total_output_bytes": self.max_total_output_bytes},
+            )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and notebooks.is_test_cell(cell):
+                cell.outputs = grader_written_outputs(cell, report.outcomes[i], report.tampering.get(i))
+        redacted = guard.redact(nb, guard.hidden_text(nb))
+        findings = review.review_notebook(nb)
+        review.annotate(nb, findings)
+        for finding in findings:
+            self.log.warning("REVIEW %s: %s", key, finding)
+        for note in report.notes:
+            self.log.warning("%s: %s", key, note)
+        for message in report.tampering.values():
+            self.log.warning("TAMPERING %s: %s", key, message)
+        self.log.info("%s: executed in %.1f s (budget %d s)", key, report.seconds, self.budget)
+        resources["resilient_execute"] = {
+            "sandbox": config.mode, "restarts": report.restarts, "notes": report.notes,
+            "tampering": list(report.tampering.values()), "redacted_outputs": redacted,
+            "budget_exceeded": report.budget_exceeded_at is not None,
+            "seconds": report.seconds, "dropped_output_bytes": report.dropped_output_bytes,
+            "review": [str(f) for f in findings], "symlinks_skipped": skipped,
+        }
+        return nb, resources
+
+
+def copy_data_files(here: str, scratch: str, submitted: str | None = None) -> list[str]:
+    """Copy the regular files of `here` (data files the assignment ships; not notebooks) into
+    the kernel's scratch folder, as the grader, without following symbolic links: a link, or a
+    file nbgrader copied from a link in the student's `submitted` folder (it follows links),
+    is left out. Returns the names left out."""
+    skipped = []
+    for entry in sorted(os.listdir(here)):
+        if entry.endswith(".ipynb"):
+            continue
+        src = os.path.join(here, entry)
+        info = os.lstat(src)
+        if submitted is not None and os.path.islink(os.path.join(submitted, entry)):
+            skipped.append(entry)
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            skipped.append(entry)
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        try:
+            fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:  # replaced by a link since lstat
+            skipped.append(entry)
+            continue
+        with os.fdopen(fd, "rb") as source, open(os.path.join(scratch, entry), "wb") as dest:
+            shutil.copyfileobj(source, dest)
+    return skipped
+
+
+def preflight_hook(**_kwargs) -> None:
+    """nbgrader's pre-convert hook (nbgrader_config.py): before the first submission of an
+    `nbgrader autograde` run, start one kernel as ResilientExecute will (coursetools.grading.preflight).
+    If it cannot start, log one message with the cause and the fix and stop the whole run,
+    before nbgrader has created anything for a student (a hook's other errors nbgrader only
+    logs, so it exits with SystemExit). Later submissions cost nothing: the check is done."""
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Application
+
+    from coursetools.grading import preflight
+
+    app = Application.instance()
+    while getattr(app, "subapp", None) is not None:
+        app = app.subapp
+    step = ResilientExecute(config=app.config)
+    try:
+        config = step.sandbox_config({"nbgrader": {"db_url": CourseDirectory(config=app.config).db_url}})
+        seconds = preflight.check(config, kernel_name=step.kernel_name)
+    except (preflight.PreflightError, SandboxUnavailable) as exc:
+        app.log.error("%s", exc)
+        raise SystemExit(f"error: {exc}") from exc
+    if seconds:
+        app.log.info("preflight: a sandboxed kernel started and imported torch in %.1f s", seconds)
+
+
+class ClearHiddenTestsSafely(ClearHiddenTests):
+    """nbgrader's ClearHiddenTests for feedback, minus its failure mode: a student cell
+    whose text contains the hidden-test markers (a comment will do) made it raise, and that
+    student got no feedback at all. Here only test cells are cleared; other cells are the
+    student's own text and stay as they are."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if not utils.is_grade(cell) or utils.is_solution(cell):
+            return cell, resources
+        return super().preprocess_cell(cell, resources, cell_index)
+
+
+# Output kinds that feedback shows. Everything else (JavaScript, widgets, SVG, which can
+# carry script, PDFs, vendor formats) is replaced by a note; HTML and Markdown go through
+# nbconvert's sanitizer (HTMLExporter.sanitize_html, nbgrader_config.py).
+SAFE_MIME = ("text/plain", "text/html", "text/markdown", "text/latex", "image/png", "image/jpeg",
+             "image/gif")
+
+
+_SAFE_TAGS = ["a", "abbr", "b", "blockquote", "br", "code", "del", "details", "div", "em", "h1", "h2",
+              "h3", "h4", "h5", "h6", "hr", "i", "img", "li", "ol", "p", "pre", "span", "strong", "sub",
+              "summary", "sup", "table", "tbody", "td", "th", "thead", "tr", "ul"]
+_SAFE_ATTRIBUTES = {"*": ["class", "id", "title"], "a": ["href"], "img": ["src", "alt"]}
+
+
+def sanitize_markdown(source: str) -> str:
+    """Markdown rendered to HTML with only harmless tags, attributes and link protocols left
+    (nbgrader's feedback template renders Markdown cells without nbconvert's sanitizer)."""
+    import bleach
+    from nbconvert.filters import markdown2html
+
+    return bleach.clean(markdown2html(source), tags=_SAFE_TAGS, attributes=_SAFE_ATTRIBUTES,
+                        protocols=["http", "https", "mailto"])
+
+
+class SafeOutputs(NbGraderPreprocessor):
+    """Feedback HTML that runs nothing: drop every output kind outside SAFE_MIME, and render
+    Markdown cells (a student can edit any that is not locked) to sanitized HTML."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        if cell.cell_type != "code":
+            cell.pop("attachments", None)
+            if cell.cell_type == "markdown":
+                cell.source = sanitize_markdown(cell.source)
+            return cell, resources
+        kept = []
+        for out in cell.get("outputs", []):
+            if out.output_type in ("display_data", "execute_result"):
+                data = out.get("data", {})
+                dropped = sorted(m for m in data if m not in SAFE_MIME)
+                for mime in dropped:
+                    del data[mime]
+                if dropped and not data:
+                    data["text/plain"] = f"[{', '.join(dropped)} output not shown in feedback]"
+                out.get("metadata", {}).clear()
+            kept.append(out)
+        cell.outputs = kept
+        return cell, resources

@@ -1,0 +1,285 @@
+"""Grade one exercise notebook a learner edited, the way the instructor's autograder would.
+
+    python3 make.py check exercises/01_device_basics/01_device_basics.ipynb
+
+No nbgrader course, gradebook or database is needed, and the learner's file is only read.
+The graded copy is rebuilt from the learner's answers and the course's own cells:
+
+* every test cell and every locked cell comes from `solutions/` (hidden tests included), so
+  editing or deleting a test changes nothing;
+* every answer cell comes from the learner (an answer cell they deleted is the stub again);
+* cells the learner added stay where they were, but can never carry points.
+
+It then runs in a scratch folder, cell by cell; a test cell scores its points when it ran
+without an error and without writing to stderr (nbgrader's rule). A test that never ran
+(the kernel died or hung first) scores 0.
+
+The static review of grade-class (coursetools.grading.review) reads the learner's cells too, and
+the report lists its findings under the score: the lines an instructor's grading would flag
+for a human look (frame access, `exec`, patching torch, ...). They change neither the score
+nor the exit status: the self-check tells, the instructor decides.
+Exit status: 0 full marks, 1 points missing, 2 the input could not be graded.
+
+The report is in Chinese for a notebook of the Chinese edition (or with `--lang zh`): the
+self-check's own words come from locale/zh_CN/tools/messages.po, the test descriptions from
+the exercise's PO file (coursetools/i18n); the tests' own messages stay as the tests wrote
+them (English).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nbformat import NotebookNode, v4
+
+from coursetools.learner import lab
+from coursetools import layout, notebooks
+from coursetools.grading import review
+from coursetools.grading.execute import CELL_TIMEOUT_S, KernelStartError, Outcome, execute_resilient
+from coursetools.publish.i18n import describe_test, notebook_language, set_language, tr
+from coursetools.notebooks import NotebookError
+
+
+@dataclass
+class QuestionResult:
+    grade_id: str
+    what: str
+    score: float
+    max_score: float
+    message: str = ""
+
+
+def _strip_hidden(source: str) -> str:
+    out, inside = [], False
+    for line in source.splitlines():
+        text = line.strip()
+        if text == notebooks.BEGIN_HIDDEN:
+            inside = True
+        elif text == notebooks.END_HIDDEN:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def find_assignment(nb: NotebookNode, path: Path, root: Path = layout.ROOT) -> str:
+    """The assignment whose cells this notebook carries (by nbgrader grade ids)."""
+    ids = {notebooks.grade_id(c) for c in notebooks.nbgrader_cells(nb)}
+    if not ids:
+        hint = " (lessons in course/ are not graded)" if path.parent.name == "course" else ""
+        raise NotebookError(
+            f"{path} is not an exercise notebook of this course: it has no graded cells"
+            f"{hint}; check a notebook from exercises/, e.g. "
+            "exercises/01_device_basics/01_device_basics.ipynb"
+        )
+    best, overlap = None, 0
+    for name in layout.assignments(root):
+        src = notebooks.read(layout.source_notebook(name, root))
+        common = len(ids & {notebooks.grade_id(c) for c in notebooks.nbgrader_cells(src)})
+        # The file name breaks ties ("01_device_basics (1).ipynb" from a download is fine).
+        if common > overlap or (common == overlap and common and path.stem.startswith(name)):
+            best, overlap = name, common
+    if best is None:
+        raise NotebookError(
+            f"{path} has nbgrader cells, but none of any assignment of this course "
+            f"({', '.join(layout.assignments(root))})"
+        )
+    return best
+
+
+def rebuild(learner: NotebookNode, source: NotebookNode, visible_only: bool = False) -> NotebookNode:
+    """The notebook to grade: the course's cells, with the learner's answers and extra cells."""
+    answers: dict[str, NotebookNode] = {}
+    extras: dict[str | None, list[NotebookNode]] = {}
+    known = {notebooks.grade_id(c) for c in notebooks.nbgrader_cells(source)}
+    anchor: str | None = None
+    for cell in learner.cells:
+        gid = notebooks.grade_id(cell)
+        if gid in known:
+            anchor = gid
+            answers[gid] = cell
+        else:
+            extra = v4.new_code_cell(cell.source) if cell.cell_type == "code" else None
+            if extra is not None:  # learner's own code cells run; their markdown is irrelevant
+                extras.setdefault(anchor, []).append(extra)
+    cells: list[NotebookNode] = list(extras.get(None, []))
+    for cell in source.cells:
+        gid = notebooks.grade_id(cell)
+        new = NotebookNode(dict(cell))
+        new.metadata = NotebookNode(dict(cell.metadata))
+        if gid and notebooks.is_solution(cell):
+            mine = answers.get(gid)
+            new.source = mine.source if mine is not None else notebooks.clear_solution(cell.source)
+        elif visible_only and notebooks.is_test_cell(cell):
+            new.source = _strip_hidden(cell.source)
+        if new.cell_type == "code":
+            new.outputs, new.execution_count = [], None
+        cells.append(new)
+        if gid:
+            cells.extend(extras.get(gid, []))
+    graded = v4.new_notebook(metadata=source.metadata)
+    graded.cells = cells
+    return graded
+
+
+def _message(cell: NotebookNode, outcome: Outcome) -> str:
+    if outcome is Outcome.NOT_RUN:
+        return tr("did not run: the kernel crashed or hung too often before this test")
+    for out in cell.outputs:
+        if out.output_type == "error":
+            if out.ename == "NotImplementedError" and not out.evalue.strip():
+                return tr("not answered yet: the answer cell still raises NotImplementedError")
+            if out.ename == "NameError":
+                return f"NameError: {out.evalue} " + tr("(did the answer cell run without an error?)")
+            if out.ename == "AssertionError":
+                return f"{out.ename}: {out.evalue}".strip()
+            where = _where(out)
+            if where:  # not a check that failed: the code under test raised while the test ran
+                return f"{out.ename}: {out.evalue}".strip() + "  " + tr("[raised by your code, {where}]").format(where=where)
+            return f"{out.ename}: {out.evalue}".strip()
+        if out.output_type == "stream" and out.get("name") == "stderr":
+            first = out.text.strip().splitlines()[0] if out.text.strip() else ""
+            return tr("wrote to stderr, which scores 0 under nbgrader (a warning?): ") + first
+    return ""
+
+
+def _where(error: NotebookNode) -> str:
+    """Where the error was raised: the traceback's last frame, plainly ("" when the error is
+    the grader's own, e.g. a time limit, and has no traceback)."""
+    frames = [_plain(line).strip().splitlines()[0] for line in error.get("traceback", [])
+              if re.match(r"\s*(Cell In\[|File )", _plain(line))]
+    cells = [f for f in frames if f.startswith("Cell In[")]  # the notebook's own cells first
+    return (cells or frames or [""])[-1]
+
+
+def _plain(text: str) -> str:
+    """Traceback text without the terminal colours IPython adds."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+MESSAGE_HEAD, MESSAGE_TAIL = 160, 560  # characters kept of a long message: its start and end
+
+
+def _shorten(message: str) -> str:
+    """One line of at most about 720 characters, keeping the end (an error's last line,
+    e.g. which rank raised what, is the part that matters) as well as the start."""
+    flat = " ".join(message.split())
+    if len(flat) <= MESSAGE_HEAD + MESSAGE_TAIL:
+        return flat
+    return f"{flat[:MESSAGE_HEAD].rstrip()} [...] {flat[-MESSAGE_TAIL:].lstrip()}"
+
+
+def score_cells(nb: NotebookNode, outcomes: list[Outcome]) -> list[QuestionResult]:
+    """Points per test cell: nbgrader's `determine_grade` rule, plus "never ran" scores 0."""
+    results = []
+    for i, cell in enumerate(nb.cells):
+        if not notebooks.is_test_cell(cell):
+            continue
+        max_score = notebooks.points(cell)
+        ran_clean = outcomes[i] is Outcome.OK
+        results.append(QuestionResult(
+            grade_id=notebooks.grade_id(cell) or f"cell {i}",
+            what=notebooks.first_comment(cell.source),
+            score=max_score if ran_clean else 0.0,
+            max_score=max_score,
+            message="" if ran_clean else _message(cell, outcomes[i]),
+        ))
+    return results
+
+
+def check(path: Path, *, timeout: int = CELL_TIMEOUT_S, visible_only: bool = False,
+          root: Path = layout.ROOT, findings: list[review.Finding] | None = None
+          ) -> tuple[str, list[QuestionResult]]:
+    """Grade `path`; the static review's findings are appended to `findings` when given."""
+    learner = notebooks.read(path)
+    name = find_assignment(learner, path, root)
+    source = notebooks.read(layout.source_notebook(name, root))
+    graded = rebuild(learner, source, visible_only=visible_only)
+    if findings is not None:
+        findings.extend(review.review_notebook(rebuild(learner, source)))
+    with tempfile.TemporaryDirectory(prefix="selfcheck-") as scratch:
+        report = execute_resilient(graded, cwd=scratch, timeout=timeout)
+    return name, score_cells(graded, report.outcomes)
+
+
+def format_findings(findings: list[review.Finding]) -> str:
+    if not findings:
+        return ""
+    lines = ["Flagged for review: an instructor's grading flags these lines for a human look "
+             "(code no answer needs); the score above is not changed."]
+    lines += [f"  {finding}" for finding in findings]
+    return "\n\n" + "\n".join(lines)
+
+
+def format_report(path: Path, name: str, results: list[QuestionResult], seconds: float,
+                  visible_only: bool, findings: list[review.Finding] | None = None) -> str:
+    which = tr("visible tests only") if visible_only else tr("visible and hidden tests")
+    lines = [tr("Self-check of {path} (assignment {name}; {which}; your file is not modified)").format(
+        path=path, name=name, which=which), ""]
+    width = max((len(r.grade_id) for r in results), default=10)
+    for r in results:
+        mark = "ok  " if r.score == r.max_score else "FAIL"
+        lines.append(f"  {mark} {r.score:g}/{r.max_score:g}  {r.grade_id:<{width}}  {describe_test(name, r.what)}")
+        if r.message:
+            lines.append(textwrap.indent(textwrap.fill(_shorten(r.message), width=96), " " * 12))
+    total = sum(r.score for r in results)
+    possible = sum(r.max_score for r in results)
+    lines += ["", tr("Score: {total}/{possible}   ({seconds} s)").format(
+        total=f"{total:g}", possible=f"{possible:g}", seconds=f"{seconds:.1f}")]
+    if total < possible:
+        lines.append(tr("Fix the first failing question first: later ones often use its answer."))
+    return "\n".join(lines) + format_findings(findings or [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 make.py check",
+        description="Grade one exercise notebook you edited, with the course's own tests.",
+    )
+    parser.add_argument("notebook", type=Path, help="e.g. exercises/01_device_basics/01_device_basics.ipynb")
+    parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S,
+                        help=f"seconds allowed per cell (default {CELL_TIMEOUT_S}, as grade-class)")
+    parser.add_argument("--visible-only", action="store_true",
+                        help="run only the tests you can see in the notebook (as in Colab)")
+    parser.add_argument("--as-given", action="store_true",
+                        help="grade exactly the file given, even where `make.py lab` made you a copy")
+    parser.add_argument("--lang", choices=("en", "zh"), default=None,
+                        help="the report's language (default: Chinese for a notebook of the Chinese edition)")
+    args = parser.parse_args(argv)
+    set_language(args.lang or notebook_language(args.notebook))
+    notebook = args.notebook
+    # make.py lab (learner mode) works on copies in work/
+    mine = None if args.as_given else lab.learner_copy(notebook)
+    if mine is not None:
+        notebook = mine.relative_to(layout.ROOT) if mine.is_relative_to(layout.ROOT) else mine
+        print(tr("{given} is the course's original; checking your copy, {copy}").format(
+            given=args.notebook, copy=notebook) + "\n")
+    start = time.perf_counter()
+    findings: list[review.Finding] = []
+    try:
+        name, results = check(notebook, timeout=args.timeout, visible_only=args.visible_only,
+                              findings=findings)
+    except NotebookError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KernelStartError as exc:
+        # Not your answers' fault: no Python kernel starts here (nothing was graded).
+        print(f"error: cannot check {notebook}: {exc}\n(the kernel is {sys.executable} -m ipykernel; "
+              "`python3 make.py lab` once reinstalls .venv if it is broken)", file=sys.stderr)
+        return 2
+    print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only,
+                        findings))
+    if not results:
+        return 2
+    return 0 if all(r.score == r.max_score for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,906 @@
+"""The course as a static website, built from the notebooks.
+
+    python3 make.py site                 build it into website/_build/html (git-ignored)
+    python3 make.py site --serve         build, then preview it on http://127.0.0.1:8000
+
+The stack is Sphinx with myst-nb and sphinx-book-theme (README, "The course as a website",
+says why). A build has three steps:
+
+1. **Stage** (`stage`): a folder laid out like the repository, holding only what the site
+   shows: every lesson (`coursetools.layout.lessons`), every released exercise
+   (`exercises/`, never `solutions/`), CHEATSHEET.md (its proof links pointing at the
+   section that proves each rule), docs/MYTHS.md, README's "For instructors" section, and a
+   generated home page (the course map, each chapter's prerequisites and time read from its
+   header) whose toctrees make the sidebar follow the course map. Links to repository files
+   that are not pages become GitHub links. `site-manifest.json` lists every staged page and
+   the repository file it was made from.
+2. **Execute** (`execute_lessons`): each lesson runs top to bottom in a kernel of this
+   environment, in an empty folder, unless jupyter-cache already holds a run of exactly its
+   code cells made with the same PyTorch and Python; each run's record keeps where it was
+   made (machine, PyTorch, date, seconds). A lesson that raises or writes to stderr stops
+   the build. The "About these outputs" page is written from these records.
+3. **Render** (Sphinx, `website/conf.py`): myst-nb reads the outputs from the cache (it
+   never re-runs a lesson), the theme adds search, the sidebar, "Open in Colab" and the
+   download buttons; a warning fails the build. The download buttons then serve the
+   repository's own notebooks (without outputs), as Colab opens them.
+
+Nothing is downloaded while building: the build refuses any network connection that does
+not stay on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import datetime
+import functools
+import hashlib
+import html.parser
+import http.server
+import json
+import os
+import platform
+import posixpath
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import urllib.parse
+from importlib import metadata
+from pathlib import Path
+
+import nbformat
+
+from coursetools.author import cheatsheet, gpu_records
+from coursetools import layout, notebooks
+
+SITE_DIR = layout.ROOT / "website"           # committed: conf.py, _static/
+BUILD_DIR = SITE_DIR / "_build"               # git-ignored: src/, html/, doctrees/, jupyter_cache/
+MANIFEST = "site-manifest.json"
+CELL_TIMEOUT_S = 180                          # per cell, as nbval's in pytest.ini
+COLAB_BADGE_URL = "https://colab.research.google.com/assets/colab-badge.svg"
+LOCAL_BADGE = "_static/colab-badge.svg"
+SETUP_REPORT = re.compile(r"PyTorch (\S+) \| device: (\S+)(?: \((.+)\))?")
+HEADER_FACTS = re.compile(r"\*\*Prerequisites:\*\*\s*(?P<prereq>.*?)\s*\*\*Time:\*\*\s*(?P<time>[^\n]*?)\.?\s*$",
+                          re.MULTILINE)
+SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:|^//")
+# A markdown link or image: [text](target "title"), the target group rewritten.
+MD_LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\()(<[^>\n]*>|[^)\s]+)((?:\s+\"[^\"\n]*\")?\))")
+HTML_LINK = re.compile(r"""((?:href|src)=")([^"]+)(")""")
+
+
+class SiteError(Exception):
+    """The site cannot be built; the message says why and what to fix."""
+
+
+# --------------------------------------------------------------------------------------
+# Links
+# --------------------------------------------------------------------------------------
+
+def github_url(repo_path: str, root: Path) -> str:
+    """The GitHub page of a repository file or folder (course.toml's repository and branch)."""
+    cfg = layout.config()
+    kind = "tree" if (root / repo_path).is_dir() else "blob"
+    return f"https://github.com/{cfg.github_repo}/{kind}/{cfg.branch}/{repo_path}"
+
+
+def heading_title(markdown_heading: str) -> str:
+    """A heading's text as myst-parser slugs it: its text and inline code, no markup."""
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").parse(markdown_heading)
+    inline = next((t for t in tokens if t.type == "inline"), None)
+    return "".join(c.content for c in (inline.children or []) if c.type in ("text", "code_inline")) if inline else ""
+
+
+class Slugger:
+    """The anchors myst-parser gives a document's headings (`myst_heading_anchors`): GitHub
+    style, a repeated one suffixed -1, -2, ..."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, heading_line: str) -> str:
+        from myst_parser.slugs import github_slugify, unique_slug
+
+        slug = unique_slug(github_slugify(heading_title(heading_line)), self.seen)
+        self.seen.add(slug)
+        return slug
+
+
+HEADING = re.compile(r"^#{1,6}\s+\S.*$", re.MULTILINE)
+
+
+def heading_slugs(markdown: str) -> set[str]:
+    """The anchors of the headings in `markdown` (what README's `#...` links use, and what
+    myst-parser makes)."""
+    slug = Slugger()
+    return {slug(m.group(0)) for m in HEADING.finditer(_outside_fences(markdown))}
+
+
+def _outside_fences(text: str) -> str:
+    """`text` with the content of fenced code blocks blanked (links there are code)."""
+    parts = re.split(r"(^(?:```|~~~).*?^(?:```|~~~)[^\n]*$)", text, flags=re.MULTILINE | re.DOTALL)
+    return "".join("" if i % 2 else part for i, part in enumerate(parts))
+
+
+def rewrite_links(text: str, origin: str, dest: str, pages: set[str], root: Path,
+                  anchor_page: str | None = None, local_anchors: set[str] | None = None) -> str:
+    """Markdown `text` from repository file `origin`, moved to staged path `dest`: every
+    relative link keeps pointing at what it meant. A link to a staged page (`pages`, paths in
+    the repository) stays a relative link, rebased to `dest`; a link to any other repository
+    file becomes its GitHub address. A `#anchor` alone stays when `local_anchors` is None or
+    holds it, otherwise it points into `anchor_page` on GitHub (README's sections that are not
+    part of the page). Fenced code is left as it is."""
+    origin_dir = posixpath.dirname(origin)
+    dest_dir = posixpath.dirname(dest)
+
+    def target(raw: str) -> str:
+        bare = raw[1:-1] if raw.startswith("<") and raw.endswith(">") else raw
+        if SCHEME.match(bare):
+            return raw
+        if bare.startswith("#"):
+            if local_anchors is None or bare[1:] in local_anchors or anchor_page is None:
+                return raw
+            return f"{github_url(anchor_page, root)}{bare}"
+        path, _, fragment = bare.partition("#")
+        resolved = posixpath.normpath(posixpath.join(origin_dir, path))
+        if resolved.startswith(".."):
+            return raw  # outside the repository: the link check will say so
+        suffix = f"#{fragment}" if fragment else ""
+        if resolved in pages:
+            return posixpath.relpath(resolved, dest_dir or ".") + suffix
+        return github_url(resolved, root) + suffix
+
+    def fix(chunk: str) -> str:
+        chunk = MD_LINK.sub(lambda m: m.group(1) + target(m.group(2)) + m.group(3), chunk)
+        return HTML_LINK.sub(lambda m: m.group(1) + target(m.group(2)) + m.group(3), chunk)
+
+    parts = re.split(r"(^(?:```|~~~).*?^(?:```|~~~)[^\n]*$)", text, flags=re.MULTILINE | re.DOTALL)
+    return "".join(part if i % 2 else fix(part) for i, part in enumerate(parts))
+
+
+def local_badge(text: str, dest: str) -> str:
+    """The Colab badge image served by the site itself (a reader's browser then fetches
+    nothing from Google to show it); the link it sits in still opens Colab."""
+    rel = posixpath.relpath(LOCAL_BADGE, posixpath.dirname(dest) or ".")
+    return text.replace(f"]({COLAB_BADGE_URL})", f"]({rel})")
+
+
+# --------------------------------------------------------------------------------------
+# Staging
+# --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Lesson:
+    path: str              # "course/05_mixed_precision_2.ipynb"
+    title: str             # its header's title, without the number
+    prerequisites: str     # markdown, links relative to the home page
+    time: str              # "about 35 minutes"
+
+
+@dataclasses.dataclass
+class Chapter:
+    """A chapter of the course map: the lessons numbered NN (one, or several parts) and the
+    exercise numbered NN, if any."""
+
+    number: str                    # "05"
+    lessons: list[Lesson]
+    exercise: str | None = None    # "exercises/05_mixed_precision/05_mixed_precision.ipynb"
+    exercise_time: str | None = None
+    points: float | None = None
+
+    @property
+    def title(self) -> str:
+        """The first lesson's title, without its ", part N: ..." tail."""
+        first = self.lessons[0].title
+        match = re.match(r"^(.*?),\s*part\s+\d+\b", first, re.IGNORECASE)
+        return match.group(1) if match else first
+
+    def part_title(self, index: int) -> str:
+        """A part's title without the chapter's: "Part 2: the recipe in a real training loop"."""
+        title = self.lessons[index].title
+        rest = title[len(self.title):].lstrip(" ,:·") if title.startswith(self.title) else title
+        return (rest[:1].upper() + rest[1:]) if rest else self.lesson_label(index)
+
+    def lesson_label(self, index: int) -> str:
+        if len(self.lessons) == 1:
+            return "Lesson"
+        match = re.search(r"\bpart\s+(\d+)\b", self.lessons[index].title, re.IGNORECASE)
+        return f"Lesson, part {match.group(1) if match else index + 1}"
+
+
+@dataclasses.dataclass
+class Staged:
+    folder: Path
+    pages: dict[str, str]        # staged path -> repository file it was made from ("" if generated)
+    lessons: list[str]           # staged paths of the lessons (executed)
+    chapters: list[Chapter]
+
+
+def header_facts(nb: nbformat.NotebookNode) -> tuple[str, str] | None:
+    """(prerequisites, time) from a notebook's header cell, as markdown; None if absent."""
+    match = HEADER_FACTS.search(nb.cells[0].source) if nb.cells else None
+    return (match.group("prereq").rstrip(". "), match.group("time")) if match else None
+
+
+def short_time(time_text: str) -> str:
+    """A header's time as the course map shows it: up to its first colon ("about 45 minutes
+    to read: 2,895 words ..." -> "about 45 minutes to read"); the page has the rest."""
+    return time_text.split(":", 1)[0].strip().rstrip(".")
+
+
+def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:
+    match = re.search(r"^# (.+)$", nb.cells[0].source if nb.cells else "", re.MULTILINE)
+    title = match.group(1).strip() if match else fallback
+    title = re.sub(r"^\d\d\s*·\s*", "", title)
+    return re.sub(r":\s*exercises$", "", title)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write only when the content changes (Sphinx then re-reads only what changed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+def extract_attachments(nb: nbformat.NotebookNode, rel: str, dest: Path) -> list[str]:
+    """Markdown cell attachments (a recorded GPU block's figures) as image files next to the
+    staged notebook, their `attachment:NAME` references pointing at them (myst-nb does not
+    read attachments). Returns the staged paths written."""
+    written = []
+    stem = posixpath.splitext(posixpath.basename(rel))[0]
+    for index, cell in enumerate(nb.cells):
+        for name, bundle in (cell.get("attachments") or {}).items():
+            mime, data = next(((m, d) for m, d in bundle.items() if m.startswith("image/")), (None, None))
+            if mime is None:
+                continue
+            ext = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg", "image/gif": ".gif"}.get(mime, "")
+            file_rel = posixpath.join(posixpath.dirname(rel), "_attachments",
+                                      f"{stem}-cell{index}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}")
+            if not file_rel.endswith(ext):
+                file_rel += ext
+            raw = data.encode() if mime == "image/svg+xml" else base64.b64decode("".join(data))
+            target = dest / file_rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists() or target.read_bytes() != raw:
+                target.write_bytes(raw)
+            link = posixpath.relpath(file_rel, posixpath.dirname(rel) or ".")
+            cell.source = cell.source.replace(f"(attachment:{name})", f"({link})")
+            written.append(file_rel)
+        cell.pop("attachments", None)
+    return written
+
+
+def _notebook_text(nb: nbformat.NotebookNode) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def readme_section(readme: str, heading: str) -> str:
+    """README's level-2 section `heading` (up to the next level-2 heading), one level up."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", readme, re.MULTILINE | re.DOTALL)
+    if not match:
+        raise SiteError(f"README.md has no '## {heading}' section, which the site's page is made from")
+    body = re.sub(r"^#(#+ )", r"\1", match.group(1), flags=re.MULTILINE)
+    return f"# {heading}\n{body}"
+
+
+def readme_intro(readme: str) -> str:
+    """README's text between its title and its first section."""
+    return re.split(r"^## ", readme.split("\n", 1)[1], maxsplit=1, flags=re.MULTILINE)[0].strip()
+
+
+def rule_anchors(lesson: Path) -> dict[str, str]:
+    """{rule sentence: the anchor of the section it stands in} for one lesson's rule cells
+    (the heading the cheat sheet's "§N title" names: the last one before the rule)."""
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    rules, _ = cheatsheet.read_rules(lesson)
+    found: dict[str, str] = {}
+    slug = Slugger()
+    last = None
+    sentences = iter(rules)
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] != "markdown":
+            continue
+        text = cheatsheet.cell_text(cell)
+        for match in HEADING.finditer(_outside_fences(text)):
+            anchor = slug(match.group(0))  # every heading takes its slug, in order
+            if re.match(r"^#{1,3}\s", match.group(0)) and gpu_records.RECORD_TAG not in tags:
+                last = anchor
+        if cheatsheet.RULE_TAG in tags and text.startswith(cheatsheet.RULE_PREFIX):
+            rule = next(sentences, None)
+            if rule is not None and last is not None:
+                found[rule.sentence] = last
+    return found
+
+
+def cheatsheet_page(root: Path, pages: set[str]) -> str:
+    """CHEATSHEET.md for the site: each proof link goes to the section that holds the proof."""
+    text = (root / cheatsheet.SHEET).read_text(encoding="utf-8")
+    for lesson in layout.lessons(root):
+        rules, _ = cheatsheet.read_rules(lesson)
+        anchors = rule_anchors(lesson)
+        for rule in rules:
+            old = f"[chapter {rule.chapter} {rule.section}](course/{rule.notebook})"
+            if old not in text:
+                raise SiteError(f"CHEATSHEET.md has no proof link {old!r}: it is out of sync with the "
+                                "lessons; run `python3 make.py cheatsheet`")
+            anchor = anchors.get(rule.sentence)
+            if anchor:
+                text = text.replace(old, old[:-1] + f"#{anchor})")
+    return rewrite_links(text, cheatsheet.SHEET, cheatsheet.SHEET, pages, root)
+
+
+def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
+    cfg = layout.config()
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    intro = rewrite_links(readme_intro(readme), "README.md", "index.md", pages, root,
+                          anchor_page="README.md", local_anchors=set())
+    rows = ["| # | Lesson | Exercise | Prerequisites | Time |", "|---|---|---|---|---|"]
+    for ch in chapters:
+        several = len(ch.lessons) > 1
+        lessons = "<br>".join(f"[{ch.part_title(i) if several else ch.title}]({lesson.path})"
+                              for i, lesson in enumerate(ch.lessons))
+        exercise = (f"[exercise]({ch.exercise}) ({ch.points:g} points)" if ch.exercise else "—")
+        prereq = " ".join(ch.lessons[0].prerequisites.split())  # (the later parts need the first)
+        times = [f"{ch.lesson_label(i).lower() if several else 'lesson'} {short_time(lesson.time)}"
+                 for i, lesson in enumerate(ch.lessons)]
+        if ch.exercise_time:
+            times.append(f"exercise {short_time(ch.exercise_time)}")
+        cells = [ch.number, lessons, exercise, prereq, "; ".join(times)]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    toctrees = []
+    for ch in chapters:
+        entries = [f"{ch.lesson_label(i)} <{lesson.path.removesuffix('.ipynb')}>" for i, lesson in enumerate(ch.lessons)]
+        if ch.exercise:
+            entries.append(f"Exercise <{ch.exercise.removesuffix('.ipynb')}>")
+        caption = f"{ch.number} · {ch.title}".replace("`", "")  # (a caption is plain text)
+        toctrees.append(":::{toctree}\n:hidden:\n:caption: " + f"{caption}\n\n"
+                        + "\n".join(entries) + "\n:::")
+    reference = [entry for entry, page in [
+        (f"Cheat sheet <{cheatsheet.SHEET.removesuffix('.md')}>", cheatsheet.SHEET),
+        ("The posts' myths, checked <docs/MYTHS>", "docs/MYTHS.md"),
+        ("For instructors <instructors>", "instructors.md"), ("About these outputs <about>", "about.md")]
+        if page in pages]
+    toctrees.append(":::{toctree}\n:hidden:\n:caption: Reference\n\n" + "\n".join(reference) + "\n:::")
+    return "\n".join([
+        f"# {cfg.title}", "",
+        "<!-- Generated by `python3 make.py site` (coursetools/publish/website.py) from README.md and the "
+        "notebooks' headers. -->", "",
+        intro, "",
+        "## Course map", "",
+        "Each chapter: a **lesson** to read (shown here with the outputs of a real run: see "
+        "[About these outputs](about.md)) and an **exercise** graded by tests (shown as released: "
+        "fill it in on Colab or on your machine). Every lesson and exercise page has *Open in Colab* "
+        "(the rocket button, top right) and a download button for its notebook.", "",
+        *rows, "",
+        *([f"The course on one page: the [cheat sheet]({cheatsheet.SHEET})."] if cheatsheet.SHEET in pages else []),
+        *(["Where the course comes from: [the posts' myths, checked](docs/MYTHS.md)."]
+          if "docs/MYTHS.md" in pages else []),
+        "Running a class: [for instructors](instructors.md).",
+        "", *toctrees, "",
+    ])
+
+
+EXERCISE_NOTE = """:::{{note}}
+The exercise as released: answer cells to fill in, each followed by its visible tests.
+Open it in Colab or download it (buttons at the top of the page); `python3 make.py check {path}`
+grades your copy with the hidden tests too.
+:::"""
+
+
+def stage(root: Path, dest: Path) -> Staged:
+    """Lay out in `dest` everything the site shows, made from the repository at `root`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    lessons = layout.lessons(root)
+    if not lessons:
+        raise SiteError(f"no lesson notebooks in {root / 'course'}")
+    assignments = [a for a in layout.assignments(root) if layout.release_notebook(a, root).exists()]
+    lesson_rel = [p.relative_to(root).as_posix() for p in lessons]
+    exercise_rel = {a: layout.release_notebook(a, root).relative_to(root).as_posix() for a in assignments}
+    pages: dict[str, str] = {}
+    resources: list[str] = []    # staged files that are no pages (attachments)
+    for rel in [*lesson_rel, *exercise_rel.values()]:
+        pages[rel] = rel
+    docs = {cheatsheet.SHEET: cheatsheet.SHEET, "docs/MYTHS.md": "docs/MYTHS.md"}
+    for rel in docs:
+        if (root / rel).exists():
+            pages[rel] = rel
+    pages["instructors.md"] = "README.md"
+
+    chapters: dict[str, Chapter] = {}
+    for lesson, rel in zip(lessons, lesson_rel):
+        nb = notebooks.read(lesson)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = local_badge(rewrite_links(cell.source, rel, rel, set(pages), root), rel)
+        resources += extract_attachments(nb, rel, dest)
+        _write(dest / rel, _notebook_text(nb))
+        facts = header_facts(nb)
+        if facts is None:
+            raise SiteError(f"{rel}: its header has no '**Prerequisites:** ... **Time:** ...' line "
+                            "(docs/AUTHORING.md, the notebook skeleton)")
+        prereq = rewrite_links(facts[0], rel, "index.md", set(pages), root)
+        chapter = chapters.setdefault(lesson.stem[:2], Chapter(lesson.stem[:2], []))
+        chapter.lessons.append(Lesson(rel, title_of(nb, lesson.stem), prereq, facts[1]))
+    for name, rel in exercise_rel.items():
+        chapter = chapters.get(name[:2])
+        if chapter is None or chapter.exercise is not None:
+            raise SiteError(f"{rel}: no lesson course/{name[:2]}_*.ipynb for this exercise, or a second "
+                            f"exercise numbered {name[:2]}")
+        ex_nb = notebooks.read(root / rel)
+        ex_facts = header_facts(ex_nb)
+        chapter.exercise = rel
+        chapter.exercise_time = ex_facts[1] if ex_facts else None
+        chapter.points = sum(notebooks.points(c) for c in notebooks.test_cells(ex_nb))
+    chapters = list(chapters.values())
+
+    for name, rel in exercise_rel.items():
+        nb = notebooks.read(root / rel)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = local_badge(rewrite_links(cell.source, rel, rel, set(pages), root), rel)
+        resources += extract_attachments(nb, rel, dest)
+        note = nbformat.v4.new_markdown_cell(EXERCISE_NOTE.format(path=rel))
+        note.pop("id", None)
+        nb.cells.insert(1, note)
+        _write(dest / rel, _notebook_text(nb))
+
+    if cheatsheet.SHEET in pages:
+        _write(dest / cheatsheet.SHEET, cheatsheet_page(root, set(pages)))
+    if "docs/MYTHS.md" in pages:
+        myths = (root / "docs/MYTHS.md").read_text(encoding="utf-8")
+        _write(dest / "docs/MYTHS.md", rewrite_links(myths, "docs/MYTHS.md", "docs/MYTHS.md", set(pages), root))
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    guide = readme_section(readme, "For instructors")
+    _write(dest / "instructors.md", rewrite_links(guide, "README.md", "instructors.md", set(pages), root,
+                                                  anchor_page="README.md", local_anchors=heading_slugs(guide)))
+    pages["index.md"] = ""
+    pages["about.md"] = ""
+    _write(dest / "index.md", home_page(root, chapters, set(pages)))
+    badge = (SITE_DIR / LOCAL_BADGE).read_bytes()
+    (dest / "_static").mkdir(exist_ok=True)
+    if not (dest / LOCAL_BADGE).exists() or (dest / LOCAL_BADGE).read_bytes() != badge:
+        (dest / LOCAL_BADGE).write_bytes(badge)
+
+    # Whatever an earlier build staged and this one did not is removed (a deleted lesson).
+    keep = {dest / p for p in [*pages, *resources]} | {dest / LOCAL_BADGE, dest / MANIFEST}
+    for path in sorted(dest.rglob("*"), reverse=True):
+        if path.is_file() and path not in keep:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+    manifest = {"pages": {p: {"origin": o, "sha256": _sha256(root / o) if o else None}
+                          for p, o in sorted(pages.items())}}
+    _write(dest / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return Staged(dest, pages, lesson_rel, chapters)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# Executing the lessons
+# --------------------------------------------------------------------------------------
+
+def environment() -> dict[str, str]:
+    """What must match for a cached run to be reused: the PyTorch and Python of this build."""
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return {"torch": torch, "python": platform.python_version()}
+
+
+def machine() -> dict[str, object]:
+    """This machine, as the "About these outputs" page describes it."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = None
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return {"cpu": cpu, "cores": usable, "memory_gib": memory, "os": platform.platform(),
+            "architecture": platform.machine()}
+
+
+@dataclasses.dataclass
+class Execution:
+    lesson: str          # staged path
+    reused: bool         # True: the cache held a matching run
+    seconds: float       # the run's own time (of the run that made the outputs)
+    executed_at: str     # ISO date and time of that run
+    torch: str           # as the notebook's setup cell printed it
+    device: str          # as the notebook's setup cell printed it
+    machine: dict        # where that run was made (None: not recorded)
+
+
+def _stderr(nb: nbformat.NotebookNode) -> list[str]:
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                found.append(f"cell {index}: {out.get('text', '')[:300]!r}")
+    return found
+
+
+def _setup_report(nb: nbformat.NotebookNode) -> tuple[str, str]:
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            match = SETUP_REPORT.search(out.get("text", "") if out.get("output_type") == "stream" else "")
+            if match:
+                return match.group(1), match.group(2) + (f" ({match.group(3)})" if match.group(3) else "")
+    return "unknown (no setup-cell report in the outputs)", "unknown"
+
+
+def run_notebook(nb: nbformat.NotebookNode, rel: str) -> float:
+    """Run `nb` in place, top to bottom, in a kernel of this environment started in an empty
+    folder; its seconds. The kernel talks over Unix sockets in a private folder (ZeroMQ's ipc
+    transport), not over loopback TCP ports that another process on a busy machine could
+    reach. A cell that raises, or writes to stderr, stops the build."""
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    from traitlets import default
+
+    with tempfile.TemporaryDirectory(prefix="course-site-run-") as cwd, \
+            tempfile.TemporaryDirectory(prefix="course-site-kernel-") as sockets:
+
+        class IpcKernelManager(AsyncKernelManager):
+            @default("transport")
+            def _default_transport(self):
+                return "ipc"
+
+            @default("ip")
+            def _default_ip(self):
+                return os.path.join(sockets, "kernel")  # absolute: the kernel runs in `cwd`
+
+        # The client owns the kernel: it shuts it down and closes its channels, whatever
+        # happens. No timing in the cells' metadata: the cache keys on it.
+        client = NotebookClient(nb, kernel_manager_class=IpcKernelManager, timeout=CELL_TIMEOUT_S,
+                                allow_errors=False, record_timing=False,
+                                resources={"metadata": {"path": cwd}})
+        started = time.perf_counter()
+        try:
+            client.execute()
+        except CellExecutionError as exc:
+            raise SiteError(f"{rel} failed while building the site:\n{exc}") from None
+        except Exception as exc:  # a dead kernel, a cell over its time limit
+            raise SiteError(f"{rel} did not run to the end: {type(exc).__name__}: {exc}") from None
+        seconds = time.perf_counter() - started
+    stderr = _stderr(nb)
+    if stderr:
+        raise SiteError(f"{rel} wrote to stderr (no lesson cell may): " + "; ".join(stderr))
+    return seconds
+
+
+def execute_lessons(staged: Staged, cache_dir: Path, log=print) -> list[Execution]:
+    """Run each staged lesson unless the cache holds a run of the same code cells, made with
+    this PyTorch and Python; return where each lesson's outputs come from."""
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    cache = get_cache(str(cache_dir))
+    env = environment()
+    done = []
+    for rel in staged.lessons:
+        path = staged.folder / rel
+        nb = nbformat.read(str(path), as_version=4)
+        record = None
+        with contextlib.suppress(KeyError):
+            record = cache.match_cache_notebook(nb)
+        if record is not None and (record.data or {}).get("environment") != env:
+            log(f"  {rel}: the cached run was made with {(record.data or {}).get('environment')}, "
+                f"this build has {env}: running it again")
+            record = None
+        reused = record is not None
+        if record is None:
+            log(f"  running {rel} ...", )
+            started = datetime.datetime.now().astimezone()
+            seconds = run_notebook(nb, rel)
+            record = cache.cache_notebook_bundle(
+                CacheBundleIn(nb, str(path), data={
+                    "execution_seconds": seconds, "environment": env, "machine": machine(),
+                    "executed_at": started.isoformat(timespec="seconds")}),
+                check_validity=False, overwrite=True)
+            log(f"  ran {rel} in {seconds:.1f} s")
+        executed = cache.get_cache_bundle(record.pk).nb
+        torch, device = _setup_report(executed)
+        data = record.data or {}
+        done.append(Execution(rel, reused, float(data.get("execution_seconds") or 0.0),
+                              data.get("executed_at") or record.created.isoformat(timespec="seconds"),
+                              torch, device, data.get("machine")))
+    return done
+
+
+def _children() -> list[str]:
+    """This process's child processes still running (none once every kernel is shut down)."""
+    try:
+        import psutil
+    except ImportError:  # (ipykernel needs psutil; without it, nothing to check with)
+        return []
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{child.pid} {' '.join(child.cmdline())[:120]}")
+    return found
+
+
+def about_page(executions: list[Execution], staged: Staged) -> str:
+    """Which PyTorch release and machine produced the outputs the site shows."""
+    titles = {lesson.path: f"{ch.number} · {lesson.title}" for ch in staged.chapters for lesson in ch.lessons}
+    machines = {json.dumps(e.machine, sort_keys=True) for e in executions}
+    rows = ["| Lesson | PyTorch (as its setup cell printed) | device | run on | run time (s) |",
+            "|---|---|---|---|---:|"]
+    for e in executions:
+        rows.append(f"| [{titles.get(e.lesson, e.lesson)}]({e.lesson}) | {e.torch} | {e.device} | "
+                    f"{e.executed_at} | {e.seconds:.1f} |")
+    lines = ["# About these outputs", "",
+             "<!-- Generated by `python3 make.py site` from the records of the runs whose outputs "
+             "this site shows. -->", "",
+             "Every output and figure in the lessons comes from a real run of the notebook, top to "
+             "bottom, on the machine below, when the site was built (a lesson whose code has not "
+             "changed since an earlier build, with the same PyTorch and Python, keeps the outputs "
+             "of that earlier run). Nothing was edited by hand. Outputs that differ on a GPU are "
+             "shown, where a GPU run was recorded, in collapsed blocks labelled with the GPU, its "
+             "PyTorch and CUDA versions and the date of the recording.", "",
+             *rows, ""]
+    for key in sorted(machines):
+        facts = json.loads(key)
+        which = [titles.get(e.lesson, e.lesson) for e in executions if json.dumps(e.machine, sort_keys=True) == key]
+        lines.append("## The machine" if len(machines) == 1 else f"## The machine of {', '.join(which)}")
+        lines.append("")
+        if not facts:
+            lines += ["Not recorded (the cache held these outputs from a run that did not record it).", ""]
+            continue
+        memory = f"{facts['memory_gib']} GiB" if facts.get("memory_gib") else "unknown"
+        lines += [f"- CPU: {facts['cpu']} ({facts['cores']} cores usable by the build)",
+                  f"- memory: {memory}", f"- operating system: {facts['os']}",
+                  "- GPU: none used (every lesson printed `device: cpu`)"
+                  if all(e.device == "cpu" for e in executions) else "- devices: see the table", ""]
+    versions = {name: _version(name) for name in ("sphinx", "myst-nb", "sphinx-book-theme", "jupyter-cache")}
+    lines += ["## The site", "",
+              f"Built on {datetime.datetime.now().astimezone().isoformat(timespec='seconds')} with "
+              + ", ".join(f"{k} {v}" for k, v in versions.items()) + " (`python3 make.py site`).", ""]
+    return "\n".join(lines)
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+# --------------------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def offline():
+    """Refuse every connection that leaves this machine, for the duration: the build must
+    download nothing (a theme or extension that tries fails the build, saying so)."""
+    original = socket.socket.connect
+
+    def connect(sock, address):
+        host = address[0] if isinstance(address, tuple) else None
+        if host is not None and not _local(host):
+            raise SiteError(f"the site build tried to connect to {address!r}: nothing may be "
+                            "downloaded while building the site")
+        return original(sock, address)
+
+    socket.socket.connect = connect
+    try:
+        yield
+    finally:
+        socket.socket.connect = original
+
+
+def _local(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+@dataclasses.dataclass
+class BuildResult:
+    html: Path
+    staged: Staged
+    executions: list[Execution]
+    pages: int           # HTML files
+    links_checked: int   # internal links and anchors followed by check_links
+    seconds: float
+
+
+def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path | None = None,
+          log=print) -> BuildResult:
+    """Stage, execute and render the site; return where it is and what it took."""
+    started = time.perf_counter()
+    root, build_dir = Path(root).resolve(), Path(build_dir).resolve()
+    cache_dir = Path(cache_dir).resolve() if cache_dir else build_dir / "jupyter_cache"
+    html = build_dir / "html"
+    with offline():
+        staged = stage(root, build_dir / "src")
+        log(f"staged {len(staged.pages)} pages from {root}")
+        executions = execute_lessons(staged, cache_dir, log)
+        left = _children()
+        if left:
+            raise SiteError(f"a lesson's kernel was left running: {left}")
+        _write(staged.folder / "about.md", about_page(executions, staged))
+        _sphinx(staged.folder, html, build_dir / "doctrees", cache_dir)
+    # The download buttons serve the repository's notebooks, exactly as Colab opens them.
+    for page, origin in staged.pages.items():
+        if page.endswith(".ipynb") and origin:
+            target = html / "_sources" / page
+            if not target.exists():
+                raise SiteError(f"Sphinx wrote no download copy of {page} ({target})")
+            shutil.copy2(root / origin, target)
+    broken, checked = check_links(html)
+    if broken:
+        raise SiteError(f"{len(broken)} broken internal link(s) in the built site:\n  " + "\n  ".join(broken))
+    result = BuildResult(html, staged, executions, len(site_pages(html)), checked,
+                         time.perf_counter() - started)
+    summary = {"pages": result.pages, "links_checked": checked, "seconds": round(result.seconds, 1),
+               "lessons": [dataclasses.asdict(e) for e in executions]}
+    _write(build_dir / "site-build.json", json.dumps(summary, indent=1) + "\n")
+    return result
+
+
+def _sphinx(src: Path, html: Path, doctrees: Path, cache_dir: Path) -> None:
+    from sphinx.application import Sphinx
+    from sphinx.util.docutils import docutils_namespace, patch_docutils
+
+    os.environ["COURSE_SITE_CACHE"] = str(cache_dir)
+    warnings = StringIOWithEcho()
+    with patch_docutils(str(SITE_DIR)), docutils_namespace():
+        app = Sphinx(str(src), str(SITE_DIR), str(html), str(doctrees), "html",
+                     status=sys.stdout, warning=warnings, freshenv=False, warningiserror=False,
+                     keep_going=True)
+        app.build()
+    if warnings.getvalue().strip():
+        raise SiteError("Sphinx warned (a warning fails the site build):\n" + warnings.getvalue())
+    if app.statuscode:
+        raise SiteError(f"Sphinx failed (status {app.statuscode})")
+
+
+class StringIOWithEcho:
+    """Sphinx's warning stream: kept for the error message, and shown as it comes."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def getvalue(self) -> str:
+        return "".join(self.parts)
+
+
+# --------------------------------------------------------------------------------------
+# Checking the built site
+# --------------------------------------------------------------------------------------
+
+def site_pages(html_dir: Path) -> list[Path]:
+    """The site's HTML pages (not the theme's templates under _static/)."""
+    return sorted(p for p in Path(html_dir).rglob("*.html")
+                  if p.relative_to(html_dir).parts[0] not in ("_static", "_sources"))
+
+
+class _Page(html.parser.HTMLParser):
+    """The ids (anchors) of an HTML page and the links it makes (href, src)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        values = dict(attrs)
+        for key in ("id", "name") if tag == "a" else ("id",):
+            if values.get(key):
+                self.ids.add(values[key])
+        for key in ("href", "src"):
+            if values.get(key) and tag in ("a", "link", "script", "img", "source", "iframe", "area"):
+                self.links.append(values[key])
+
+
+def check_links(html_dir: Path) -> tuple[list[str], int]:
+    """Every internal link and anchor of the built site, followed offline: a list of the
+    broken ones ("page: link (why)"), and how many links were checked. External addresses
+    (with a scheme) are not followed; `#` alone (the theme's buttons) is no anchor."""
+    html_dir = Path(html_dir)
+    pages: dict[Path, _Page] = {}
+    for path in site_pages(html_dir):
+        parser = _Page()
+        parser.feed(path.read_text(encoding="utf-8"))
+        pages[path] = parser
+    broken, checked = [], 0
+    for path, parser in pages.items():
+        for link in parser.links:
+            if SCHEME.match(link) or link in ("#", ""):
+                continue
+            checked += 1
+            target_part, _, fragment = link.partition("#")
+            target_part = urllib.parse.unquote(target_part.split("?", 1)[0])
+            target = (path.parent / target_part).resolve() if target_part else path
+            if target_part.endswith("/") or target.is_dir():
+                target = target / "index.html"
+            where = f"{path.relative_to(html_dir).as_posix()}: {link}"
+            if not target.is_relative_to(html_dir.resolve()):
+                broken.append(f"{where} (leaves the site)")
+            elif not target.exists():
+                broken.append(f"{where} (no such file)")
+            elif fragment and target.suffix == ".html":
+                ids = pages[target].ids if target in pages else set()
+                if urllib.parse.unquote(fragment) not in ids:
+                    broken.append(f"{where} (no anchor #{fragment} in {target.relative_to(html_dir).as_posix()})")
+    return broken, checked
+
+
+# --------------------------------------------------------------------------------------
+# Serving
+# --------------------------------------------------------------------------------------
+
+def server(html: Path, port: int = 8000, host: str = "127.0.0.1") -> http.server.ThreadingHTTPServer:
+    """An HTTP server for the built site (not started: call serve_forever)."""
+    handler = functools.partial(_QuietHandler, directory=str(html))
+    return http.server.ThreadingHTTPServer((host, port), handler)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        pass
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make.py site", description=__doc__.splitlines()[0])
+    parser.add_argument("--serve", action="store_true", help="after building, serve the site on "
+                        "http://127.0.0.1:PORT until Ctrl-C")
+    parser.add_argument("--port", type=int, default=8000, help="the preview's port (default 8000)")
+    parser.add_argument("--build-dir", type=Path, default=BUILD_DIR,
+                        help="where to build (default website/_build; the site is its html/ folder)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="the lessons' execution cache (default BUILD_DIR/jupyter_cache)")
+    parser.add_argument("--root", type=Path, default=layout.ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        result = build(args.root, args.build_dir, args.cache)
+    except SiteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    ran = [e.lesson for e in result.executions if not e.reused]
+    print(f"\nbuilt {result.pages} pages in {result.seconds:.1f} s: {result.html}/index.html "
+          f"({len(ran)} lesson(s) run, {len(result.executions) - len(ran)} from the cache)")
+    if args.serve:
+        try:
+            httpd = server(result.html, args.port)
+        except OSError as exc:
+            print(f"error: cannot serve on 127.0.0.1:{args.port} ({exc}); try --port 8001", file=sys.stderr)
+            return 1
+        print(f"serving the site on http://127.0.0.1:{httpd.server_address[1]}/ (Ctrl-C stops it)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            httpd.serve_forever()
+        httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

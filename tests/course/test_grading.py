@@ -1,0 +1,256 @@
+"""Grading through nbgrader itself: solutions score full marks, the untouched release zero,
+and every fixture (tests/submissions/) exactly the points it declares.
+
+Fixtures are graded in groups (coursetools/author/fixture_groups.py): one submission carries the
+changed answers of several fixtures whose grades cannot mix up, checked from the notebook's
+code, so a kernel start and a run of the whole notebook serve several claims. Each fixture
+still has its own test, which checks its own `loses` cells and every cell no member loses.
+
+Each assignment's submissions are split into shards of about SHARD_SIZE; a shard is one
+scratch nbgrader course (a temporary folder, an SQLite gradebook) autograded once by its
+own nbgrader process. `generate_assignment` runs once per assignment (and test run); its
+gradebook and release are copied into each shard. Each shard is a test class: under
+pytest-xdist (`python3 make.py test` runs `--dist loadscope`) a class goes to one worker,
+which grades that shard when its first test asks; in a single process every selected shard
+is graded at once, as many nbgrader processes at a time as the machine has cores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from coursetools.author import fixture_groups, fixtures
+from coursetools import layout, notebooks
+from coursetools.author.nbgrader_course import NbgraderCourse
+
+ASSIGNMENTS = layout.assignments()
+FIXTURES = fixtures.all_fixtures()
+GROUPS = {name: fixture_groups.groups(name, FIXTURES, notebooks.read(layout.source_notebook(name)))
+          for name in ASSIGNMENTS}
+SHARD_SIZE = 6  # submissions per nbgrader process (one costs 5.5-11 CPU-seconds, measured)
+
+
+def students_of(name: str) -> list[str]:
+    return ["solution", "untouched-release"] + [group.student_id for group in GROUPS[name]]
+
+
+def group_of(fx: fixtures.Fixture) -> fixture_groups.Group:
+    return next(group for group in GROUPS[fx.assignment] if fx in group.members)
+
+
+def shards_of(name: str) -> list[list[str]]:
+    """The assignment's student ids, dealt into shards of about SHARD_SIZE."""
+    students = students_of(name)
+    k = max(1, math.ceil(len(students) / SHARD_SIZE))
+    return [students[i::k] for i in range(k)]
+
+
+def shard_key(name: str, student: str) -> tuple[str, int]:
+    return name, next(i for i, shard in enumerate(shards_of(name)) if student in shard)
+
+
+def item_shard(item) -> tuple[str, int] | None:
+    """(assignment, shard) whose grades a test item of this module reads; None for others."""
+    cls = getattr(item, "cls", None)
+    return (cls.ASSIGNMENT, cls.SHARD) if hasattr(cls, "SHARD") else None
+
+
+def submission_of(name: str, student: str):
+    if student == "solution":
+        return notebooks.read(layout.source_notebook(name))
+    if student == "untouched-release":
+        return notebooks.read(layout.release_notebook(name))
+    group = next(group for group in GROUPS[name] if group.student_id == student)
+    return fixtures.submission_with(name, group.answers, group.describe())
+
+
+class Shard:
+    """Some of one assignment's submissions, autograded by nbgrader in a scratch course."""
+
+    def __init__(self, course: NbgraderCourse, name: str, students: list[str]):
+        self.course = course
+        for student in students:
+            course.submit(student, name, submission_of(name, student))
+        self.log = course.autograde(name)
+        self.grades = course.grades(name, students)
+
+
+class Generated:
+    """`generate_assignment` once per assignment and test run: under pytest-xdist the workers
+    share one generated course per assignment (made by the first worker that needs it, under
+    a file lock); shards start from a copy of it."""
+
+    def __init__(self, base: Path, shared: Path):
+        self.base, self.shared = base, shared
+        self.lock = threading.Lock()
+        self.locks: dict[str, threading.Lock] = {}
+        self.count = 0
+
+    def course(self, name: str) -> NbgraderCourse:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no file locks; each worker generates its own
+            fcntl = None
+        with self.lock:
+            lock = self.locks.setdefault(name, threading.Lock())
+            self.count += 1
+            folder = self.base / f"shard-{name}-{self.count}"
+        shared = self.shared if fcntl else self.base
+        generated = shared / f"generated-{name}"
+        shared.mkdir(parents=True, exist_ok=True)
+        with lock, open(shared / f"generated-{name}.lock", "w") as lockfile:
+            if fcntl:
+                fcntl.flock(lockfile, fcntl.LOCK_EX)  # other workers wait; other assignments go on
+            if not (generated / "generated.ok").exists():
+                NbgraderCourse(generated, [name]).generate(name)
+                (generated / "generated.ok").write_text("")
+        shutil.copytree(generated, folder)
+        return NbgraderCourse(folder, [name])  # rewrites nbgrader_config.py for its own root
+
+
+class Graded:
+    """The autograde results of one shard of an assignment."""
+
+    def __init__(self, name: str, shard: Shard | Exception):
+        self.name = name
+        self.source = notebooks.read(layout.source_notebook(name))
+        self.points = {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(self.source)}
+        self.shard = shard
+
+    def explain(self, student: str, expected: dict[str, float]) -> str:
+        """A readable account of what a submission scored, and why, for failure messages."""
+        got = self.shard.grades.get(student)
+        if got is None:
+            log = self.shard.log
+            return (f"nbgrader produced no grades for {student!r} (the submission was aborted).\n"
+                    f"autograde log:\n{log.stdout[-3000:]}\n{log.stderr[-3000:]}")
+        lines = []
+        try:
+            errors = self.messages(student)
+        except Exception:  # noqa: BLE001 - diagnostics only
+            errors = {}
+        for gid, want in expected.items():
+            grade = got.get(gid)
+            score = None if grade is None else grade.score
+            mark = "  " if score == want else "!!"
+            lines.append(f"{mark} {gid}: scored {score}, expected {want}  {errors.get(gid, '')[:300]}")
+        return "\n".join(lines)
+
+    def messages(self, student: str) -> dict[str, str]:
+        """grade id -> the message nbgrader's feedback shows for that cell: its error
+        (`ename: evalue`), else what it wrote to stderr, else ""."""
+        graded_nb = self.shard.course.autograded_notebook(student, self.name)
+        return {notebooks.grade_id(c): next(
+            (f"{o.ename}: {o.evalue}" for o in c.outputs if o.output_type == "error"),
+            next((o.text for o in c.outputs if o.output_type == "stream" and o.name == "stderr"), ""))
+            for c in graded_nb.cells if notebooks.grade_id(c)}
+
+    def scores(self, student: str) -> dict[str, float | None] | None:
+        got = self.shard.grades.get(student)
+        if got is None:
+            return None
+        return {gid: (g.score if not g.needs_manual_grade else None) for gid, g in got.items()}
+
+
+@pytest.fixture(scope="session")
+def shard_results(tmp_path_factory, request) -> dict:
+    """(assignment, shard) -> Shard, or the exception that stopped it; filled on demand."""
+    base = tmp_path_factory.mktemp("nbgrader")
+    run = getattr(request.config, "workerinput", {}).get("testrunuid")
+    # xdist workers' temporary folders are siblings: the run's id keeps other runs out
+    shared = tmp_path_factory.getbasetemp().parent / f"nbgrader-generated-{run}" if run else base
+    return {"results": {}, "generated": Generated(base, shared),
+            "lock": threading.Lock(), "session": request.session}
+
+
+def _grade(state, key) -> Shard | Exception:
+    name, index = key
+    try:
+        return Shard(state["generated"].course(name), name, shards_of(name)[index])
+    except Exception as exc:  # noqa: BLE001 - reported by that shard's tests only
+        return exc
+
+
+def _grade_selected(state) -> None:
+    """Outside xdist: every shard the selected tests need, graded at once (a core each)."""
+    keys = []
+    for item in state["session"].items:
+        key = item_shard(item)
+        if key is not None and key not in keys and key not in state["results"]:
+            keys.append(key)
+    workers = max(1, min(len(keys), os.cpu_count() or 2))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for key, result in zip(keys, pool.map(lambda k: _grade(state, k), keys)):
+            state["results"][key] = result
+
+
+@pytest.fixture
+def graded(shard_results, request):
+    under_xdist = hasattr(request.config, "workerinput")
+
+    def get(name: str, student: str) -> Graded:
+        key = shard_key(name, student)
+        with shard_results["lock"]:
+            if key not in shard_results["results"]:
+                if under_xdist:  # this worker runs this shard's tests: grade it alone
+                    shard_results["results"][key] = _grade(shard_results, key)
+                else:
+                    _grade_selected(shard_results)
+        result = shard_results["results"][key]
+        if isinstance(result, Exception):
+            raise result
+        return Graded(name, result)
+    return get
+
+
+# One test class per shard: pytest-xdist's `--dist loadscope` (what `make.py test` uses) sends
+# a class to one worker as a unit, so each shard is autograded once, by the worker that runs
+# its tests.
+def _shard_class(name: str, index: int, students: list[str]) -> type:
+    fixtures_here = [fx for group in GROUPS[name] if group.student_id in students for fx in group.members]
+
+    class Shard:
+        ASSIGNMENT, SHARD = name, index
+
+        if "solution" in students:
+            def test_solution_autogrades_to_full_marks(self, graded):
+                g = graded(name, "solution")
+                assert g.scores("solution") == g.points, g.explain("solution", g.points)
+
+        if "untouched-release" in students:
+            def test_untouched_release_autogrades_to_zero(self, graded):
+                g = graded(name, "untouched-release")
+                zero = {gid: 0.0 for gid in g.points}
+                assert g.scores("untouched-release") == zero, g.explain("untouched-release", zero)
+
+        if fixtures_here:
+            @pytest.mark.parametrize("fx", fixtures_here, ids=[f"{f.assignment}/{f.kind}/{f.name}" for f in fixtures_here])
+            def test_fixture_submission_scores_as_declared(self, graded, fx):
+                group = group_of(fx)
+                g = graded(fx.assignment, group.student_id)
+                expected = group.expected_for(fx, g.source)
+                got = g.scores(group.student_id)
+                got = got if got is None else {gid: got.get(gid) for gid in expected}
+                assert got == expected, (f"{fx.description}\ngraded in {group.describe()}\n"
+                                         + g.explain(group.student_id, expected))
+                if fx.shows:  # the feedback must name what this answer did
+                    shown = g.messages(group.student_id)
+                    problems = [p for gid in fx.shows for p in fixtures.message_problems(fx, gid, shown.get(gid, ""))]
+                    assert not problems, (f"{fx.description}\n" + "\n".join(problems) + "\nthe messages shown:\n"
+                                          + "\n".join(f"{gid}: {shown.get(gid, '')[:600]}" for gid in fx.shows))
+
+    Shard.__name__ = Shard.__qualname__ = f"TestGrading_{name}_shard{index}"
+    return Shard
+
+
+for _name in ASSIGNMENTS:
+    for _index, _students in enumerate(shards_of(_name)):
+        _cls = _shard_class(_name, _index, _students)
+        globals()[_cls.__name__] = _cls

@@ -1,0 +1,202 @@
+"""Every committed notebook follows the course conventions (docs/AUTHORING.md), checked
+without running anything: no outputs, clean metadata, the header and setup cell, imports
+limited to what Colab ships, no network, and exercises built to be graded fairly."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import Counter
+
+import pytest
+
+from coursetools.author import authoring, fixtures
+from coursetools import layout, notebooks
+
+ROOT = layout.ROOT
+NOTEBOOKS = layout.all_notebooks()
+IDS = [p.relative_to(ROOT).as_posix() for p in NOTEBOOKS]
+ASSIGNMENTS = layout.assignments()
+
+ALLOWED_TOP_LEVEL = set(sys.stdlib_module_names) | {"torch", "numpy", "matplotlib", "IPython"}
+NETWORK_MODULES = {"urllib", "http", "requests", "httpx", "aiohttp", "ftplib", "smtplib", "webbrowser"}
+FETCH_CALLS = {"urlopen", "urlretrieve", "load_state_dict_from_url", "download_url_to_file", "hub"}
+NOTEBOOK_META_KEYS = set(authoring.NOTEBOOK_METADATA)
+CELL_META_KEYS = {"nbgrader", "tags", "deletable", "editable"}
+ALLOWED_MAGICS = ("%config ", "%matplotlib ")
+
+
+def expected_link(path) -> str:
+    rel = path.relative_to(ROOT)
+    if rel.parts[0] in ("solutions", "exercises"):
+        name = rel.parts[1]
+        rel = f"exercises/{name}/{name}.ipynb"
+    return layout.config().colab_url(rel)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_no_outputs_or_execution_counts(path):
+    nb = notebooks.read(path)
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"cells {dirty} have stored outputs: clear them (notebooks are committed without outputs)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_clean_metadata(path):
+    nb = notebooks.read(path)
+    assert set(nb.metadata) <= NOTEBOOK_META_KEYS, f"unexpected notebook metadata {set(nb.metadata) - NOTEBOOK_META_KEYS}"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    for i, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {})
+        extra = set(meta) - CELL_META_KEYS - {"jupyter"}
+        assert not extra, f"cell {i} has editor metadata {extra}: strip it"
+        # the one editor setting a lesson may keep: a code cell shown collapsed (plumbing, not the reading path)
+        if "jupyter" in meta:
+            assert meta["jupyter"] == {"source_hidden": True} and cell.cell_type == "code" and path.parent == layout.COURSE_DIR, (
+                f"cell {i} has editor metadata {meta['jupyter']}: only a lesson's code cell may carry "
+                '"jupyter": {"source_hidden": true} (shown collapsed)')
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_header_with_colab_link_then_standard_setup_cell(path):
+    nb = notebooks.read(path)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.lstrip().startswith("[![Open In Colab]")
+    assert f"({expected_link(path)})" in first.source, (
+        f"the Colab link must be {expected_link(path)}: run `python3 make.py links`")
+    assert "\n# " in first.source, "the header needs a title (`# NN · Topic`)"
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert code_cells and code_cells[0].source == authoring.SETUP_SOURCE, (
+        "the first code cell must be the standard setup cell (coursetools/author/authoring.py SETUP_SOURCE), unchanged")
+    if path.parent.parent.name in ("solutions", "exercises"):
+        assert notebooks.grade_id(code_cells[0]) == authoring.SETUP_GRADE_ID and notebooks.is_locked(code_cells[0])
+
+
+def _imports_and_calls(source: str):
+    lines = []
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("!", "%")):
+            assert stripped.startswith(ALLOWED_MAGICS), f"shell escape or magic not allowed: {stripped!r}"
+            lines.append("")
+        else:
+            lines.append(line)
+    tree = ast.parse("\n".join(lines))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield "import", alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield "import", node.module
+        elif isinstance(node, ast.Attribute):
+            yield "attr", node.attr
+        elif isinstance(node, ast.Name):
+            yield "name", node.id
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_self_contained_no_repo_imports_no_network(path):
+    nb = notebooks.read(path)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for kind, name in _imports_and_calls(cell.source):
+            top = name.split(".")[0]
+            if kind == "import":
+                assert top in ALLOWED_TOP_LEVEL, (
+                    f"cell {i} imports {name}: notebooks may use only torch, numpy, matplotlib and "
+                    "the standard library (what Colab ships), never the repository's own code")
+                assert top not in NETWORK_MODULES, f"cell {i} imports {name}: no network access in notebooks"
+            elif name in FETCH_CALLS:
+                assert False, f"cell {i} uses {name}: notebooks never download (generate data instead)"
+
+
+def _is_print(stmt: ast.Expr) -> bool:
+    call = stmt.value
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_exercise_structure(name):
+    nb = notebooks.read(layout.source_notebook(name))
+    assert (layout.COURSE_DIR / f"{name}.ipynb").exists(), f"assignment {name} has no lesson course/{name}.ipynb"
+    ids = [notebooks.grade_id(c) for c in notebooks.nbgrader_cells(nb)]
+    dupes = [gid for gid, n in Counter(ids).items() if n > 1]
+    assert not dupes, f"duplicate grade ids {dupes}"
+    tests = notebooks.test_cells(nb)
+    assert len(tests) >= 4, f"{name} has {len(tests)} graded questions; the course asks for at least 4"
+    for cell in tests:
+        gid = notebooks.grade_id(cell)
+        assert gid.startswith("test_") and notebooks.points(cell) > 0, gid
+        assert notebooks.first_comment(cell.source), f"{gid} must start with a docstring saying what it checks"
+        assert notebooks.BEGIN_HIDDEN in cell.source and notebooks.END_HIDDEN in cell.source, (
+            f"{gid} has no hidden tests: every graded question needs them")
+        body = ast.parse(cell.source).body
+        assert body and not (isinstance(body[-1], ast.Expr) and not _is_print(body[-1])), (
+            f"{gid} ends with a bare expression: nbgrader reads a displayed value as partial "
+            "credit; end with a statement (e.g. `_ = ...`)")
+        visible = ast.parse(cell.source.split(notebooks.BEGIN_HIDDEN)[0]).body
+        assert len(visible) >= 2, f"{gid} has no visible test (only hidden ones): learners need one to check themselves"
+    answers = [c for c in nb.cells if notebooks.is_solution(c)]
+    assert answers, f"{name} has no answer cells"
+    for cell in answers:
+        assert notebooks.BEGIN_SOLUTION in cell.source and notebooks.END_SOLUTION in cell.source, notebooks.grade_id(cell)
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_fixtures_cover_every_question(name):
+    """Every graded question has a realistic wrong answer that loses it, and the chapter has an
+    alternative correct answer: proof that the tests can fail, and that they grade behaviour."""
+    nb = notebooks.read(layout.source_notebook(name))
+    mine = [f for f in fixtures.all_fixtures() if f.assignment == name]
+    lost = {gid for f in mine if f.kind == "wrong" for gid in f.loses}
+    uncovered = [notebooks.grade_id(c) for c in notebooks.test_cells(nb) if notebooks.grade_id(c) not in lost]
+    assert not uncovered, f"no wrong-answer fixture in tests/submissions/{name}/ loses {uncovered}"
+    assert any(f.kind == "alternative" for f in mine), f"tests/submissions/{name}/ needs an alternative correct answer"
+    for fx in mine:
+        fixtures.expected_scores(fx, nb)  # raises on unknown test cells
+        fixtures.submission(fx)           # raises on unknown answer cells
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_cell_predicates_agree_with_nbgrader(path):
+    """coursetools re-states nbgrader's cell predicates (to keep the self-check fast)."""
+    from nbgrader import utils
+    for cell in notebooks.read(path).cells:
+        assert notebooks.is_grade(cell) == utils.is_grade(cell)
+        assert notebooks.is_solution(cell) == utils.is_solution(cell)
+        assert notebooks.is_locked(cell) == utils.is_locked(cell)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_valid_against_nbformat_schema(path):
+    """JupyterLab logs "Notebook JSON is invalid" for a notebook its schema rejects (e.g. a
+    cell `id` in nbformat 4.4 or older); checked on the file as stored, without upgrading."""
+    import json
+
+    import nbformat
+
+    raw = nbformat.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        nbformat.validate(raw)
+    except nbformat.ValidationError as exc:
+        pytest.fail(f"{path.name} does not validate against nbformat "
+                    f"{raw.get('nbformat')}.{raw.get('nbformat_minor')}: {exc.message}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_relative_links_point_at_existing_files(path):
+    """Every relative link (lesson -> exercise, exercise -> lesson, next chapter) names a
+    file of the repository, so it opens in JupyterLab (make.py lab's work folder mirrors
+    these paths; tests/learner/test_lab.py checks the copies' links)."""
+    import json
+
+    from coursetools.learner import lab
+
+    links = lab.relative_links(json.loads(path.read_text(encoding="utf-8")))
+    broken = [link for link in links if not (path.parent / link).is_file()]
+    assert not broken, f"{path.name} links to files that do not exist: {broken}"
+    if path.parent == layout.COURSE_DIR and path.stem in ASSIGNMENTS:
+        exercise = f"../exercises/{path.stem}/{path.stem}.ipynb"
+        assert exercise in links, f"lesson {path.name} does not link to its exercise {exercise}"

@@ -1,0 +1,262 @@
+"""The static review of submissions (coursetools/grading/review.py, issue 22): what it flags, what it
+must not flag (every solution and fixture of the course), and how it is shown."""
+
+from __future__ import annotations
+
+import pytest
+from nbformat import v4
+
+import hostile_submissions as H
+from coursetools.author import fixtures
+from coursetools import layout, notebooks
+from coursetools.grading import review
+from coursetools.learner import selfcheck
+
+ASSIGNMENTS = layout.assignments()
+FIXTURES = fixtures.all_fixtures()
+
+
+def _review(source: str) -> list[tuple[int, str, str]]:
+    """Findings for `source` as a cell added to chapter 01 (whose setup imports torch, nn, mock)."""
+    return review.review_source(source, CONTEXT)
+
+
+CONTEXT = review._Context(notebooks.read(layout.source_notebook("01_device_basics")))
+
+
+# -- false flags: the course's own answers, right and wrong ------------------------------------
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_no_solution_is_flagged(name):
+    nb = notebooks.read(layout.source_notebook(name))
+    found = review.review_notebook(nb)
+    assert not found, f"{name}'s solutions are flagged: {[str(f) for f in found]}"
+
+
+@pytest.mark.parametrize("fx", FIXTURES, ids=[f"{fx.assignment}/{fx.name}" for fx in FIXTURES])
+def test_no_fixture_submission_is_flagged(fx):
+    found = review.review_notebook(fixtures.submission(fx))
+    assert not found, f"fixture {fx.assignment}/{fx.name} is flagged: {[str(f) for f in found]}"
+
+
+def test_the_untouched_release_is_not_flagged():
+    for name in ASSIGNMENTS:
+        assert not review.review_notebook(notebooks.read(layout.release_notebook(name))), name
+
+
+HONEST = {
+    "device module by name": "def sync(device):\n    getattr(torch, device.type).synchronize()",
+    "accelerator if present": "acc = getattr(torch, 'accelerator', None)",
+    "cudnn switch": "torch.backends.cudnn.benchmark = True\ntorch.backends.cuda.matmul.allow_tf32 = False",
+    "gc.collect": "import gc\ngc.collect()",
+    "attributes of own objects": (
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(2, 2)\n"
+        "def swap(model, name, value):\n    setattr(model, name, value)\n    return getattr(model, name)"),
+    "vars of an object": "def drop(owner, name):\n    return vars(owner).pop(name)",
+    "reduce getattr over a module's children": (
+        "import functools\ndef child(module, path):\n    return functools.reduce(getattr, path.split('.'), module)"),
+    "%timeit and %time": "%timeit torch.ones(3)\n%time x = torch.zeros(2)",
+    "%%time cell": "%%time\ny = torch.ones(2) * 2",
+    "shell escape": "!nvidia-smi",
+    "IPython.display": "from IPython.display import display, Markdown\ndisplay(Markdown('**hi**'))",
+    "a timed statement": (
+        "from torch.utils import benchmark\n"
+        "t = benchmark.Timer('fn()', globals={'fn': print})\nimport timeit\ntimeit.timeit(print, number=1)"),
+    "mock.patch strings": "from unittest import mock\nwith mock.patch('torch.cuda.is_available', return_value=False):\n    pass",
+    "mode strings": "def run(model, mode='eval'):\n    return getattr(model, mode)()",
+    "os.environ": "import os\nos.environ['MASTER_PORT'] = '29500'",
+    "sys.stdout flush": "import sys\nsys.stdout.flush()\nprint(sys.version)",
+    "dataclass and replace": (
+        "import dataclasses\n@dataclasses.dataclass\nclass B:\n    x: int\n"
+        "def move(b):\n    return dataclasses.replace(b, **{f.name: getattr(b, f.name) for f in dataclasses.fields(b)})"),
+    "subprocess": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(1)'], check=True)",
+    "__import__ of a named module": "socket = __import__('socket')",
+    "a /proc file": "print(open('/proc/meminfo').readline())",
+}
+
+
+@pytest.mark.parametrize("label", list(HONEST))
+def test_honest_code_is_not_flagged(label):
+    assert not _review(HONEST[label]), (label, _review(HONEST[label]))
+
+
+# -- what is flagged ------------------------------------------------------------------------------
+FLAGGED = {
+    # frame access
+    "sys._getframe": ("import sys\nf = sys._getframe(1)", "frame access"),
+    "f_back on anything": ("def g(x):\n    return x.f_back", "frame access"),
+    "tb_frame": ("try:\n    1 / 0\nexcept Exception as e:\n    t = e.__traceback__.tb_frame", "frame access"),
+    "inspect.stack": ("import inspect\ns = inspect.stack()", "frame access"),
+    "from sys import _getframe": ("from sys import _getframe as g", "frame access"),
+    "sys._current_frames": ("import sys\nprint(sys._current_frames())", "frame access"),
+    # function internals
+    "__closure__": ("def k(fn):\n    return fn.__closure__[0].cell_contents", "function internals"),
+    "__globals__": ("def k(fn):\n    return fn.__globals__", "function internals"),
+    "co_consts": ("def k(code):\n    return code.co_consts", "function internals"),
+    # object graph
+    "gc.get_objects": ("import gc\nobjs = gc.get_objects()", "object-graph search"),
+    "gc via alias": ("import gc as g\nobjs = g.get_referrers(print)", "object-graph search"),
+    "__subclasses__": ("cs = object.__subclasses__()", "object-graph search"),
+    "().__class__.__base__": ("b = ().__class__.__base__", "object-graph search"),
+    # import machinery
+    "sys.modules": ("import sys\nm = sys.modules['torch']", "import machinery"),
+    "sys.modules aliased": ("import sys as s\nm = s.modules", "import machinery"),
+    "MAGIC_NUMBER": ("import importlib.util\nimportlib.util.MAGIC_NUMBER = b'x'", "import machinery"),
+    "marshal": ("import marshal", "import machinery"),
+    "sys.path insert": ("import sys\nsys.path.insert(0, '.')", "import machinery"),
+    "module not installed": ("import my_module_written_by_the_notebook", "import machinery"),
+    "relative import": ("from . import x", "import machinery"),
+    # kernel
+    "get_ipython": ("ip = get_ipython()", "kernel machinery"),
+    "ipykernel": ("import ipykernel.kernelbase", "kernel machinery"),
+    "IPython internals": ("from IPython.core.interactiveshell import InteractiveShell", "kernel machinery"),
+    "In": ("print(In)", "kernel machinery"),
+    "_i3": ("print(_i3)", "kernel machinery"),
+    "a magic": ("%load_ext autoreload", "kernel machinery"),
+    "a cell magic": ("%%writefile evil.py\nimport sys", "kernel machinery"),
+    "__main__": ("import __main__", "kernel machinery"),
+    # hooks
+    "settrace": ("import sys\nsys.settrace(lambda *a: None)", "interpreter hooks"),
+    "stderr replaced": ("import sys, io\nsys.stderr = io.StringIO()", "interpreter hooks"),
+    "excepthook": ("import sys\nsys.excepthook = print", "interpreter hooks"),
+    # later
+    "thread": ("import threading\nthreading.Thread(target=print).start()", "code that runs later"),
+    "signal handler": ("import signal\nsignal.signal(signal.SIGALRM, print)", "code that runs later"),
+    "__del__": ("class A:\n    def __del__(self):\n        pass", "code that runs later"),
+    "atexit": ("import atexit\natexit.register(print)", "code that runs later"),
+    # native
+    "ctypes": ("import ctypes", "native code"),
+    "/proc/self/mem": ("f = open('/proc/self/mem', 'rb')", "native code"),
+    "cpp_extension": ("from torch.utils.cpp_extension import load_inline", "native code"),
+    # code from strings
+    "exec": ("exec('x = 1')", "code from strings"),
+    "eval as a value": ("f = eval", "code from strings"),
+    "compile": ("c = compile('1', 'f', 'eval')", "code from strings"),
+    "pickle.loads": ("import pickle\npickle.loads(b'.')", "code from strings"),
+    "__reduce__": ("class P:\n    def __reduce__(self):\n        return (print, ())", "code from strings"),
+    "types.FunctionType": ("import types\nf = types.FunctionType", "code from strings"),
+    "timed computed statement": ("import timeit\ns = input()\ntimeit.timeit(s)", "code from strings"),
+    "timed literal statement reviewed": ("import timeit\ntimeit.timeit('import gc; gc.get_objects()')",
+                                         "object-graph search"),
+    "%time reviewed": ("%time import sys; sys._getframe(0)", "frame access"),
+    # patching
+    "torch function replaced": ("torch.get_rng_state = lambda: None", "patching"),
+    "torch class patched": ("torch.Tensor.is_cpu = property(lambda self: True)", "patching"),
+    "setattr on a module": ("setattr(torch, 'manual_seed', print)", "patching"),
+    "__code__ write": ("torch.manual_seed.__code__ = (lambda: 0).__code__", "patching"),
+    "globals() write": ("globals()['x'] = 1", "patching"),
+    "globals().update": ("globals().update(x=1)", "patching"),
+    "globals() aliased": ("g = globals()\ng['expect_error'] = print", "patching"),
+    "vars(module) write": ("vars(torch)['manual_seed'] = print", "patching"),
+    "__builtins__": ("b = __builtins__", "patching"),
+    "import builtins": ("import builtins\nbuiltins.compile = print", "patching"),
+    "str patched": ("str.upper = lambda self: self", "patching"),
+    "type(x) patched": ("def f(x):\n    type(x).__eq__ = lambda a, b: True", "patching"),
+    "posing class": ("class D(str):\n    __module__ = 'torch'\n    __class__ = property(lambda s: torch.device)",
+                     "patching"),
+    "__instancecheck__": ("class M(type):\n    def __instancecheck__(cls, x):\n        return True", "patching"),
+    # obfuscation
+    "getattr builtins eval": ('getattr(__builtins__, "ev" + "al")("1")', "obfuscation"),
+    "computed getattr on a module": ("import sys\nname = input()\nf = getattr(sys, name)", "obfuscation"),
+    "computed __import__": ("m = __import__(''.join(['s', 'y', 's']))", "obfuscation"),
+    "__import__ as a value": ("imp = __import__", "import machinery"),
+    "__import__ of a flagged module": ("m = __import__('gc').get_objects()", "object-graph search"),
+    "__import__ of a name built from pieces": ("m = __import__('s' + 'ys')", "obfuscation"),
+    "import_module computed": ("import importlib\nm = importlib.import_module(input())", "obfuscation"),
+    "chr-built name": ("n = chr(95) + 'getframe'", "obfuscation"),
+    "reversed name": ("n = 'emarfteg_'[::-1]", "obfuscation"),
+    "f-string name": ("a = 'get'\nn = f'_{a}frame'", "obfuscation"),
+    "a string naming a flagged attribute": ("import functools\nf = functools.reduce(getattr, ['sys', '_getframe'], torch)",
+                                            "obfuscation"),
+    "exec of decoded text": ("import base64\nexec(base64.b64decode('eD0x'))", "obfuscation"),
+    "codecs rot13": ("import codecs\nn = codecs.decode('riny', 'rot13')", "obfuscation"),
+    "bytes.fromhex": ("n = bytes.fromhex('6576616c')", "obfuscation"),
+    "getattr(torch, computed) elsewhere": ("m = getattr(torch, input())\nm.modules", "obfuscation"),
+    "attrgetter computed": ("import operator\nf = operator.attrgetter(input())", "obfuscation"),
+    "explicit __getattribute__": ("x = object.__getattribute__(torch, 'cuda')", "obfuscation"),
+}
+
+
+@pytest.mark.parametrize("label", list(FLAGGED))
+def test_flagged(label):
+    source, construct = FLAGGED[label]
+    found = _review(source)
+    assert construct in {c for _, c, _ in found}, f"{label}: expected {construct!r}, found {found}"
+
+
+def test_every_construct_has_a_flag_test_and_a_description():
+    assert {construct for _, construct in FLAGGED.values()} == set(review.CONSTRUCTS)
+
+
+def test_a_builtin_the_tests_call_shadowed_at_top_level_is_flagged():
+    """A student's global `isinstance` would answer for the tests' own isinstance checks."""
+    nb = notebooks.read(layout.source_notebook("01_device_basics"))
+    answer = next(c for c in nb.cells if notebooks.is_solution(c) and c.cell_type == "code")
+    answer.source += "\ndef isinstance(obj, kind):\n    return True\n"
+    found = review.review_notebook(nb)
+    assert any("isinstance" in f.detail and f.construct == "patching" for f in found), found
+    answer.source = answer.source.replace("def isinstance(obj, kind):", "def helper(obj, kind):")
+    assert not review.review_notebook(nb)
+
+
+def test_redefining_a_course_helper_is_flagged():
+    nb = notebooks.read(layout.source_notebook("01_device_basics"))
+    nb.cells.append(v4.new_code_cell("def expect_error(kind, fn, hint=''):\n    return 'anything'"))
+    found = review.review_notebook(nb)
+    assert [f.construct for f in found] == ["patching"] and "expect_error" in found[0].detail, found
+
+
+def test_a_student_cell_claiming_to_be_locked_is_still_reviewed():
+    """nbgrader drops the grade id of a cell it does not know (OverwriteCells), so a student
+    cell whose metadata says locked (with or without an id nbgrader dropped) is the student's."""
+    cell = v4.new_code_cell("import sys\nf = sys._getframe(0)")
+    cell.metadata["nbgrader"] = {"locked": True, "grade": False, "solution": False, "schema_version": 3}
+    nb = v4.new_notebook(cells=[cell])
+    assert [f.construct for f in review.review_notebook(nb)] == ["frame access"]
+    assert not review.is_course_cell(cell)
+
+
+# -- every attack of issue 22 is flagged ----------------------------------------------------------
+ATTACKS = {
+    "closure key": (H.CLOSURE_KEY, {"import machinery", "function internals", "kernel machinery"}),
+    "closure key, against the new guard": (H.CLOSURE_KEY_NOW, {"object-graph search", "function internals"}),
+    "session send": (H.SESSION_SEND, {"kernel machinery"}),
+    "magic number": (H.MAGIC_NUMBER, {"import machinery", "kernel machinery", "patching"}),
+    "forged reply": (H.FORGED_REPLY, {"kernel machinery"}),
+    "frame leak (answer)": (H.FRAME_LEAK_WRAPPER, {"frame access"}),
+    "frame leak (printer)": (H.FRAME_LEAK_PRINT, {"function internals"}),
+    "str device as torch": (H.STR_DEVICE_AS_TORCH, {"patching"}),
+    "user get_ipython": (H.USER_GET_IPYTHON, {"kernel machinery"}),
+    "non-callable attributes": (H.NON_CALLABLE, {"kernel machinery", "patching"}),
+    "shadowed globals": (H.SHADOW_GLOBALS, {"patching"}),
+}
+
+
+@pytest.mark.parametrize("label", list(ATTACKS))
+def test_every_attack_of_issue_22_is_flagged(label):
+    source, constructs = ATTACKS[label]
+    found = {c for _, c, _ in _review(source)}
+    assert constructs <= found, f"{label}: expected {constructs}, found {found}"
+
+
+# -- where findings are shown ---------------------------------------------------------------------
+def test_annotate_puts_the_findings_first_in_the_flagged_cell():
+    added = v4.new_code_cell("import gc\nx = gc.get_objects()")
+    added.outputs = [v4.new_output("stream", name="stdout", text="hello\n")]
+    nb = v4.new_notebook(cells=[v4.new_code_cell("x = 1"), added])
+    found = review.review_notebook(nb)
+    review.annotate(nb, found)
+    first = nb.cells[1].outputs[0]
+    assert first.output_type == "error" and first.ename == review.REVIEW_ENAME
+    assert "line 2" in first.evalue and "gc.get_objects" in first.evalue and "score is unchanged" in first.evalue
+    assert nb.cells[1].outputs[1].text == "hello\n" and not nb.cells[0].get("outputs")
+    assert str(found[0]) == "cell 2 (added), line 2: gc.get_objects (object-graph search)"
+
+
+def test_the_self_check_lists_findings_under_the_score():
+    found = [review.Finding("answer cell pick_device", 5, 3, "frame access", "sys._getframe")]
+    text = selfcheck.format_report(layout.ROOT / "x.ipynb", "01_device_basics",
+                                   [selfcheck.QuestionResult("test_a", "a", 2, 2)], 1.0, False, found)
+    assert text.index("Score: 2/2") < text.index("Flagged for review")
+    assert "answer cell pick_device, line 3: sys._getframe (frame access)" in text
+    assert "Flagged" not in selfcheck.format_report(layout.ROOT / "x.ipynb", "n", [], 1.0, False, [])

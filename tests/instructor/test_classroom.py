@@ -1,0 +1,741 @@
+"""A simulated class graded end to end: release -> collect -> autograde -> feedback -> CSV.
+
+Forty-three students hand in chapter 01 (two of them through `zip_collect`), four hand in
+chapter 02; among them every kind of broken, slow and hostile submission a real class
+produces, and the attacks of a determined student (issue 22, tests/hostile_submissions.py).
+`python3 make.py grade-class` grades them all in one run; each test below checks one
+student's exact score and flags, so a failure names the case. Expected scores are "full
+marks minus the test cells the submission must lose", computed from the notebooks; an
+expected flag is a piece of text one of the student's flags must contain. A student expected
+to have no review flag must have none (the static review, coursetools/grading/review.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import hostile_submissions as H
+from coursetools.author import fixtures
+from coursetools.grading import guard, sandbox
+from coursetools import layout, notebooks
+from coursetools.author.nbgrader_course import NbgraderCourse
+
+A1, A2 = "01_device_basics", "02_to_semantics"
+TOKEN = uuid.uuid4().hex[:8]
+OUTSIDE = f"/var/tmp/escaped-{TOKEN}"  # files a submission tries to create outside its folder
+OUTSIDE_TMP = f"/tmp/escaped-{TOKEN}"  # (the sandbox's /tmp is private and thrown away)
+SANDBOXED = sandbox.bwrap_works()[0]
+HUGE_UPDATE = 50 * 2**20  # bytes of one display update (issue 13 measured 200 MiB kept whole)
+needs_sandbox = pytest.mark.skipif(not SANDBOXED, reason=f"no working bubblewrap: {sandbox.bwrap_works()[1]}")
+
+
+def _source(name):
+    return notebooks.read(layout.source_notebook(name))
+
+
+def _points(name):
+    return {notebooks.grade_id(c): notebooks.points(c) for c in notebooks.test_cells(_source(name))}
+
+
+def _test_ids(name):
+    return list(_points(name))
+
+
+def _answers(name):
+    return fixtures.reference_answers(_source(name))
+
+
+def _release(name):
+    return notebooks.read(layout.release_notebook(name))
+
+
+def _cell(nb, gid):
+    return next(c for c in nb.cells if notebooks.grade_id(c) == gid)
+
+
+def _add_cell(nb, source, after=None):
+    """A cell the student added (no nbgrader metadata), after cell `after` (default: at the end)."""
+    from nbformat import v4
+    new = v4.new_code_cell(source)
+    new.pop("id", None)  # the course's notebooks are nbformat 4.4: no cell ids
+    index = len(nb.cells) if after is None else nb.cells.index(_cell(nb, after)) + 1
+    nb.cells.insert(index, new)
+    return nb
+
+
+def _fixture(name, fixture):
+    return fixtures.load(layout.SUBMISSIONS_DIR / name / f"{fixture}.toml")
+
+
+# student -> (notebook builder, test cells it must lose, flags the summary must show)
+def class_of_01(course_root):
+    full = _answers(A1)
+    ids = _test_ids(A1)
+    cases = {}
+
+    def solved(**overrides):
+        return fixtures.fill(_release(A1), {**full, **overrides})
+
+    cases["correct"] = (solved(), [], [])
+    cases["partial"] = (fixtures.fill(_release(A1), {"pick_device": full["pick_device"]}),
+                        [i for i in ids if not i.startswith("test_pick_device")], [])
+    cases["blank"] = (_release(A1), ids, [])
+    cases["infinite-loop"] = (
+        solved(seeded_randn="def seeded_randn(shape, seed, device='cpu', dtype=torch.float32):\n"
+                            "    while True:\n        pass"),
+        ["test_seeded_randn"], ["timeout in test_seeded_randn"])
+    cases["kernel-crash"] = (
+        solved(common_device="import os\ndef common_device(tensors):\n    os._exit(1)"),
+        ["test_common_device", "test_common_device_scalars"], ["kernel crash in test_common_device"])
+    cases["sys-exit"] = (solved(build_on="import sys\nsys.exit('I give up')\n" + full["build_on"]),
+                         ["test_build_on", "test_build_on_restores"], [])
+    cases["huge-output"] = (
+        _add_cell(solved(), "for i in range(300_000):\n    print('spam ' * 20)", after="build_on"), [], [])
+    cases["memory-hog"] = (
+        solved(seeded_randn="hog = []\nwhile True:\n    hog.append(bytearray(50 * 2**20))\n" + full["seeded_randn"]),
+        ["test_seeded_randn"], [])
+    deleted = solved()
+    deleted.cells.remove(_cell(deleted, "test_common_device"))
+    cases["deleted-test"] = (deleted, [], ["deleted test_common_device (restored)"])
+    edited = fixtures.fill(_release(A1), {**full, **_fixture(A1, "pick_device_hardcodes_cpu").answers})
+    _cell(edited, "test_pick_device_auto").source = "pass  # trust me"
+    _cell(edited, "test_pick_device_named").source = "assert True"
+    cases["edited-test"] = (edited, ["test_pick_device_auto", "test_pick_device_named"],
+                            ["edited test_pick_device_auto (restored)", "edited test_pick_device_named (restored)"])
+    # Cheats that would pass without the tamper checks: both fail from the tampering on.
+    cheat = ("def seeded_randn(shape, seed, device='cpu', dtype=torch.float32):\n"
+             "    torch.manual_seed(seed)\n"
+             "    return torch.randn(shape, device=device, dtype=dtype)\n"
+             "_frozen = torch.get_rng_state()\n"
+             "torch.get_rng_state = lambda: _frozen  # the 'global state unchanged' check now passes\n")
+    cases["torch-patch"] = (solved(seeded_randn=cheat),
+                            ["test_seeded_randn", "test_build_on", "test_build_on_restores"],
+                            ["tampering in test_seeded_randn", "torch.get_rng_state (a module's attribute) (patching)"])
+    helper_cheat = (_fixture(A1, "pick_device_silent_fallback").answers["pick_device"]
+                    + "\n\ndef expect_error(kind, fn, hint=''):\n    return 'gpu cuda cuda:2 mps'\n")
+    cases["helper-patch"] = (solved(pick_device=helper_cheat), ids,
+                             ["tampering in test_pick_device_auto", "redefines 'expect_error'"])
+    attack = f'''
+import sqlite3
+attempts = {{}}
+for label, action in {{
+    "write gradebook": lambda: sqlite3.connect({str(course_root / "gradebook.db")!r}).execute("UPDATE grade SET auto_score = 99"),
+    "overwrite another student": lambda: open({str(course_root / "submitted" / "correct" / A1 / f"{A1}.ipynb")!r}, "w").write("{{}}"),
+    "write outside": lambda: open({OUTSIDE!r}, "w").write("escaped"),
+    "write /tmp": lambda: open({OUTSIDE_TMP!r}, "w").write("escaped"),
+    "network": lambda: __import__("socket").create_connection(("1.1.1.1", 80), timeout=3),
+}}.items():
+    try:
+        action()
+        attempts[label] = "done?"
+    except Exception as exc:
+        attempts[label] = type(exc).__name__
+print(attempts)
+'''
+    cases["writes-gradebook"] = (_add_cell(solved(), attack, after="setup"), [], [])
+    spy = f'''
+import glob, linecache
+for path in glob.glob({str(course_root / "solutions" / "**" / "*.ipynb")!r}, recursive=True):
+    print(open(path).read())
+print(In)
+for name, entry in list(linecache.cache.items()):
+    print(name, "".join(entry[2]))
+'''
+    cases["reads-solutions"] = (_add_cell(solved(), spy), [], ["the kernel's history (In) (kernel machinery)"])
+    # -- the sandbox, attacked as a root grader's kernel would be (issue 13): each must
+    # score its honest score (full marks: the answers are right) and change nothing.
+    escape = f"""
+import ctypes, errno, glob, json, sqlite3
+_libc = ctypes.CDLL(None, use_errno=True)
+def _call(name, *args):
+    return "ok" if getattr(_libc, name)(*args) == 0 else errno.errorcode[ctypes.get_errno()]
+_course = {str(course_root)!r}
+_escape = {{"remount / rw": _call("mount", None, b"/", None, 32, None),
+           "umount course": _call("umount2", _course.encode(), 2),
+           "umount /tmp": _call("umount2", b"/tmp", 2)}}
+_escape["solutions"] = len(glob.glob(_course + "/solutions/**/*.ipynb", recursive=True))
+try:
+    _db = sqlite3.connect(_course + "/gradebook.db")
+    _db.execute("UPDATE grade SET auto_score = 0, extra_credit = 50")
+    _db.commit()
+    _escape["sql"] = "ok"
+except Exception as _exc:
+    _escape["sql"] = type(_exc).__name__
+print("SANDBOX-ATTACK", json.dumps(_escape))
+"""
+    cases["escape-as-root"] = (_add_cell(solved(), escape, after="setup"), [], ["ctypes (native code)"])
+    # The bomb forks from a small Python (a kernel with torch loaded forks slowly); its
+    # processes count against the same per-kernel cap.
+    bomb = (
+        "import errno, json, os\n"
+        "r, w = os.pipe()\n"
+        "children, error = [], None\n"
+        "for _ in range(4096):  # bounded; the children wait on the pipe, so none exits early\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError as exc:\n"
+        "        error = errno.errorcode[exc.errno]\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        os.close(w)\n"
+        "        os.read(r, 1)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n"
+        "os.close(w)\n"
+        "for pid in children:\n"
+        "    os.waitpid(pid, 0)\n"
+        "print('SANDBOX-ATTACK', json.dumps({'forked': len(children), 'error': error}))\n")
+    fork_bomb = f"import subprocess, sys\nsubprocess.run([sys.executable, '-S', '-c', {bomb!r}], timeout=600)\n"
+    cases["fork-bomb"] = (_add_cell(solved(), fork_bomb, after="setup"), [], [])
+    # One cell per file system (each within the 20 s cell limit on a busy machine).
+    filled = _add_cell(solved(), """
+import errno, json, os
+_chunk = bytes(64 * 2**20)
+def _fill(where, path):  # two files of 768 MiB (each under the 1 GiB file-size cap):
+    written, error = 0, None  # past the 1 GiB tmpfs cap, bounded
+    try:
+        for part in range(2):
+            with open(f"{path}{part}", "wb") as f:
+                for _ in range(12):
+                    f.write(_chunk)
+                    f.flush()
+                    written += 64
+    except OSError as exc:
+        error = errno.errorcode[exc.errno]
+    finally:
+        for part in range(2):
+            if os.path.exists(f"{path}{part}"):
+                os.unlink(f"{path}{part}")
+    print("SANDBOX-ATTACK", json.dumps({where: [written, error]}))
+""", after="setup")
+    for where, path in [("/dev/shm", "/dev/shm/hog"), ("/tmp", "/tmp/hog"), ("working folder", "hog")]:
+        filled = _add_cell(filled, f"_fill({where!r}, {path!r})")
+    flags = []
+    if sandbox.cgroup_kind():  # shared memory that no rlimit counts: only the cgroup stops it
+        # memfds of 960 MiB (each under the 1 GiB file-size cap), 3 GiB in all; the cap is 2 GiB
+        filled = _add_cell(filled, (
+            "_fds = [os.memfd_create(f'hog{i}') for i in range(3)]\n"
+            "for _fd in _fds:\n"
+            "    for _ in range(15):\n"
+            "        os.write(_fd, _chunk)\n"
+            "print('SANDBOX-ATTACK', json.dumps({'memfd': 'not stopped'}))\n"))
+        flags = ["kernel crash in an added cell"]
+    cases["fills-memory"] = (filled, [], flags)
+    cases["zip-alice"] = (solved(), [], [])
+    cases["zip-bob"] = (_release(A1), ids, [])
+    # -- forged scores (issue 13): each hook below made blank answers score full marks when
+    # nbgrader trusted the kernel's outputs. Blank answers: the honest score is 0, and each
+    # must be flagged for review.
+    blank_with = lambda source: _add_cell(_release(A1), source, after="setup")  # noqa: E731
+    forgeries = {
+        "forge-custom-exc": "get_ipython().set_custom_exc((BaseException,), lambda *args, **kwargs: None)",
+        "forge-events": (
+            "from IPython.display import clear_output\n"
+            "def _hide(result):\n"
+            "    clear_output()\n"
+            "    result.error_in_exec = None  # the reply's status would say 'ok'\n"
+            "    get_ipython().display_pub.publish({'text/plain': \"'all good'\"})\n"
+            "get_ipython().events.register('post_run_cell', _hide)"),
+        "forge-ast": (
+            "import ast\n"
+            "class _Swallow(ast.NodeTransformer):\n"
+            "    def visit_Module(self, node):\n"
+            "        handler = ast.ExceptHandler(type=None, name=None, body=[ast.Pass()])\n"
+            "        node.body = [ast.Try(body=node.body or [ast.Pass()], handlers=[handler], orelse=[], finalbody=[])]\n"
+            "        return ast.fix_missing_locations(node)\n"
+            "get_ipython().ast_transformers.append(_Swallow())"),
+        "forge-input-transformer": (
+            "def _wrap(lines):\n"
+            "    return ['try:\\n'] + ['    ' + line for line in lines] + ['\\n', 'except BaseException:\\n', '    pass\\n']\n"
+            "get_ipython().input_transformers_cleanup.append(_wrap)"),
+        "forge-traceback": "get_ipython()._showtraceback = lambda *args, **kwargs: None",
+        "forge-compile": (
+            "import ast, builtins\n"
+            "_compile = builtins.compile\n"
+            "class _NoAsserts(ast.NodeTransformer):\n"
+            "    def visit_Assert(self, node):\n"
+            "        return ast.Pass()\n"
+            "def compile(source, *args, **kwargs):\n"
+            "    if isinstance(source, ast.AST):\n"
+            "        source = ast.fix_missing_locations(_NoAsserts().visit(source))\n"
+            "    return _compile(source, *args, **kwargs)\n"
+            "builtins.compile = compile"),
+        "forge-torch-code": "torch.manual_seed.__code__ = (lambda *args, **kwargs: None).__code__",
+        "forge-tensor-property": "torch.Tensor.is_cpu = property(lambda self: True)",
+        "forge-guard-disarmed": (
+            "import sys, types\n"
+            "_dummy = types.SimpleNamespace(verify=lambda *a: None, before_locked=lambda g: None,\n"
+            "                               after_locked=lambda g: None)\n"
+            "for _name in [n for n in sys.modules if n.startswith('_grader_guard')]:\n"
+            "    sys.modules[_name] = _dummy\n"
+            "torch.get_rng_state = lambda: None"),
+    }
+    for student, source in forgeries.items():
+        cases[student] = (blank_with(source), ids, ["tampering in test_pick_device_auto", "review: "])
+    fake_device = (
+        "class _Device(str):\n"
+        "    __class__ = property(lambda self: torch.device)  # isinstance(x, torch.device) is True\n"
+        "    type = 'cpu'\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "    __hash__ = str.__hash__\n"
+        "def pick_device(name=None):\n"
+        "    return _Device('cpu')\n")
+    cases["forge-str-device"] = (solved(pick_device=fake_device), ids,
+                                 ["tampering in test_pick_device_auto", "a class that poses as another type"])
+    # -- hidden tests must not reach feedback, in any encoding; nbgrader's markers in a
+    # student cell must not cost that student the feedback; feedback HTML runs nothing.
+    leak = '''
+import base64, linecache, sys
+from IPython.display import SVG, display
+found = [str(x) for x in In] + [str(x) for x in globals().get("_ih", [])]
+found += ["".join(entry[2]) for entry in list(linecache.cache.values()) if len(entry) > 2]
+for frame_info in sys._current_frames().values():
+    found.append(str(frame_info.f_code.co_consts))
+blob = "\\n".join(found)
+print(base64.b64encode(blob.encode()).decode())
+lines = "".join(f'<text x="0" y="{12 * i}">{line[:200]}</text>' for i, line in enumerate(blob.splitlines()[:2000]))
+display(SVG(f'<svg xmlns="http://www.w3.org/2000/svg">{lines}</svg>'))
+'''
+    cases["leak-base64-svg"] = (_add_cell(solved(), leak), [], ["sys._current_frames (frame access)"])
+    marked = solved(pick_device="# ### BEGIN HIDDEN TESTS (my notes)\n" + full["pick_device"])
+    cases["nbgrader-markers"] = (marked, [], [])
+    script = (
+        "from IPython.display import HTML, Javascript, Markdown, display\n"
+        "display(HTML('<script>document.title = \"pwned-html\"</script><img src=x onerror=\"alert(1)\">'))\n"
+        "display(Javascript('document.title = \"pwned-js\"'))\n"
+        "display(Markdown('<script>alert(\"pwned-md\")</script>'))\n")
+    scripted = _add_cell(solved(), script)
+    from nbformat import v4 as _v4
+    md = _v4.new_markdown_cell('My notes <script>alert("pwned-cell")</script><img src=x onerror="alert(2)">')
+    md.pop("id", None)
+    scripted.cells.append(md)
+    cases["live-script"] = (scripted, [], [])
+    flood = ("from IPython.display import display\n"
+             "handle = display('small', display_id=True)\n"
+             f"handle.update('x' * {HUGE_UPDATE})\n")
+    cases["huge-display-update"] = (_add_cell(solved(), flood), [], [])
+    # -- issue 22: a determined student's attacks (tests/hostile_submissions.py). Before its
+    # fixes the first three scored 18/18 from blank answers with no flag, as did
+    # user-get-ipython and non-callable; str-device-as-torch 15/18 (12 honest), no flag.
+    answer_ids = [notebooks.grade_id(c) for c in _source(A1).cells
+                  if notebooks.is_solution(c) and c.cell_type == "code"]
+    blank_answers = lambda source: fixtures.fill(_release(A1), {gid: source for gid in answer_ids})  # noqa: E731
+    review = "review: "
+    cases["closure-key"] = (blank_with(H.CLOSURE_KEY), ids, ["sys.modules (import machinery)", "cell_contents"])
+    # The same attack against this guard: code that holds the checker's key can forge any
+    # check. Its score is not asserted (a forgery may succeed); the review's flag stops it.
+    cases["closure-key-now"] = (blank_with(H.CLOSURE_KEY_NOW), None,
+                                ["__subclasses__ (object-graph search)", "(function internals)"])
+    cases["session-send"] = (blank_answers(H.SESSION_SEND), ids,
+                             ["tampering in test_pick_device_auto", "get_ipython (kernel machinery)"])
+    cases["magic-number"] = (blank_with(H.MAGIC_NUMBER), ids,
+                             ["tampering in test_pick_device_auto", "importlib.util (import machinery)"])
+    cases["frame-leak"] = (_add_cell(solved(pick_device=full["pick_device"] + "\n" + H.FRAME_LEAK_WRAPPER),
+                                     H.FRAME_LEAK_PRINT), ids,
+                           ["tampering in test_pick_device_auto", "f_code"])
+    cases["str-device-as-torch"] = (solved(pick_device=H.STR_DEVICE_AS_TORCH), ids,
+                                    ["tampering in test_pick_device_auto", "poses as another type (__module__)"])
+    cases["huge-error"] = (_add_cell(solved(), H.HUGE_ERROR), [], [])
+    cases["user-get-ipython"] = (blank_answers(H.USER_GET_IPYTHON), ids,
+                                 ["tampering in test_pick_device_auto", "IPython.get_ipython (kernel machinery)"])
+    cases["non-callable"] = (blank_with(H.NON_CALLABLE), ids,
+                             ["tampering in test_pick_device_auto", "ipykernel.kernelbase.json_clean", review])
+    cases["symlink"] = (_add_cell(solved(), H.SYMLINK_READ), [], [f"symbolic link {H.SYMLINK_NAME} -> "])
+    return cases
+
+
+def class_of_02():
+    full = _answers(A2)
+    ids = _test_ids(A2)
+    wrong = _fixture(A2, "move_to_copy_true")
+    src = _source(A2)
+    first_answer = next(notebooks.grade_id(c) for c in src.cells if notebooks.is_solution(c))
+    crash_loses = [notebooks.grade_id(c) for c in notebooks.test_cells(src)
+                   if "to_device_of" in notebooks.grade_id(c)]
+    return {
+        "correct": (fixtures.fill(_release(A2), full), [], []),
+        "blank": (_release(A2), ids, []),
+        "partial": (fixtures.submission(wrong), wrong.loses, []),
+        "kernel-crash": (fixtures.fill(_release(A2), {
+            **full, first_answer: full[first_answer] + "\nimport os\nos._exit(0)"}),
+            crash_loses, []),
+    }
+
+
+class ClassSummary:
+    """Shows grade-class's table (every student's score and flags) at the end of the test
+    run, and keeps it in test-artifacts/grade-class-summary.txt."""
+
+    def __init__(self):
+        self.text = ""
+
+    def keep(self, text: str) -> None:
+        self.text = text
+        out = layout.ROOT / "test-artifacts"
+        out.mkdir(exist_ok=True)
+        (out / "grade-class-summary.txt").write_text(text)
+
+    # pytest hook, called because graded_class registers this object as a plugin
+    def pytest_terminal_summary(self, terminalreporter):
+        if self.text:
+            terminalreporter.section("grade-class on the simulated class (tests/instructor/test_classroom.py)")
+            terminalreporter.write(self.text)
+
+
+# The simulated class is graded once, in the fixture, by grade-class: 37 submissions one after
+# another (937 s measured on a 2-core machine at load 12; its subprocess limit is 3000 s).
+# Every test here may be the one that pays for it, so they all get the class's time limit.
+pytestmark = pytest.mark.timeout(3600)
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory, request):
+    root = tmp_path_factory.mktemp("class")
+    course = NbgraderCourse(root, [A1, A2])
+    cases = {A1: class_of_01(course.root), A2: class_of_02()}
+    for name, students in cases.items():
+        for student, (nb, _, _) in students.items():
+            if student.startswith("zip-"):
+                path = course.root / "downloaded" / name / "archive" / f"{student}__{name}.ipynb"
+                notebooks.write(nb, path)
+            else:
+                course.submit(student, name, nb)
+    # The symlink student's folder holds a link to the course's solutions (with hidden tests).
+    link = course.submission_path("symlink", A1).parent / H.SYMLINK_NAME
+    link.symlink_to(course.root / "solutions" / A1 / f"{A1}.ipynb")
+    sources_before = _tree_digest(course.root / "solutions")
+    bad = course.submission_path("invalid-json", A1)
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"cells": [ this is not JSON')
+    results_json = root / "results.json"
+    # 60 s per cell: only the endless-loop student should reach it (the correct student's whole
+    # 01 notebook ran in 22 s at load ~16 on 2 cores), so a busy machine costs no honest point.
+    cmd = [sys.executable, "-m", "coursetools.instructor.classroom", A1, A2, "--course", str(root), "--zip",
+           "--timeout", "60", "--memory-mb", "2048", "--json", str(results_json)]
+    if not SANDBOXED:  # as root, grade-class refuses to run kernels unsandboxed unless asked
+        cmd.append("--unsandboxed-as-root")
+    proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
+                          env=layout.env_with_course_tools())
+    summary = ClassSummary()
+    request.config.pluginmanager.register(summary, "course-class-summary")
+    summary.keep(proc.stdout)
+    print(proc.stderr[-4000:])
+    assert results_json.exists(), f"grade-class failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    results = {a: {r["student"]: r for r in rs} for a, rs in json.loads(results_json.read_text()).items()}
+    return {"course": course, "cases": cases, "results": results, "proc": proc,
+            "sources_before": sources_before}
+
+
+def _tree_digest(folder):
+    import hashlib
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _expected(name, loses):
+    pts = _points(name)
+    return sum(pts.values()) - sum(pts[i] for i in loses), sum(pts.values())
+
+
+STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "sys-exit",
+               "huge-output", "memory-hog", "deleted-test", "edited-test", "torch-patch",
+               "helper-patch", "writes-gradebook", "reads-solutions", "zip-alice", "zip-bob",
+               "escape-as-root", "fork-bomb", "fills-memory",
+               "forge-custom-exc", "forge-events", "forge-ast", "forge-input-transformer",
+               "forge-traceback", "forge-compile", "forge-torch-code", "forge-tensor-property",
+               "forge-guard-disarmed", "forge-str-device", "leak-base64-svg", "nbgrader-markers",
+               "live-script", "huge-display-update",
+               "closure-key", "closure-key-now", "session-send", "magic-number", "frame-leak",
+               "str-device-as-torch", "huge-error", "user-get-ipython", "non-callable", "symlink"]
+STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash"]
+SANDBOX_ONLY = {"writes-gradebook", "reads-solutions", "escape-as-root", "fork-bomb", "fills-memory"}
+
+
+@pytest.mark.parametrize("name, student", [(A1, s) for s in STUDENTS_01] + [(A2, s) for s in STUDENTS_02])
+def test_student_scores_exactly_as_expected(graded_class, name, student):
+    if student in SANDBOX_ONLY and not SANDBOXED:
+        pytest.skip(f"needs the sandbox: {sandbox.bwrap_works()[1]}")
+    _, loses, flags = graded_class["cases"][name][student]
+    result = graded_class["results"][name][student]
+    if loses is not None:  # None: a forgery the review flags; its score is not asserted
+        score, max_score = _expected(name, loses)
+        assert (result["score"], result["max_score"]) == (score, max_score), (
+            f"{student} scored {result['score']}/{result['max_score']}, expected {score}/{max_score}; "
+            f"flags: {result['flags']}")
+    for flag in flags:
+        assert any(flag in f for f in result["flags"]), f"{student}: expected flag {flag!r}, got {result['flags']}"
+    if not flags:
+        unexpected = [f for f in result["flags"] if "tampering" in f or "deleted" in f or "edited" in f]
+        assert not unexpected, f"{student}: unexpected flags {unexpected}"
+    reviewed = [f for f in result["flags"] if f.startswith("review: ")]
+    if not any(flag in f for flag in flags for f in reviewed):
+        assert not reviewed, f"{student}: flagged by the static review, expected not: {reviewed}"
+
+
+def test_unreadable_submission_is_reported_and_does_not_stop_the_class(graded_class):
+    result = graded_class["results"][A1]["invalid-json"]
+    assert result["score"] is None
+    assert any("NOT GRADED" in f for f in result["flags"]) and any("not valid JSON" in f for f in result["flags"])
+    assert graded_class["proc"].returncode == 1, "grade-class exits 1 when a submission could not be graded"
+    assert "invalid-json" in graded_class["proc"].stdout and "not graded" in graded_class["proc"].stdout
+
+
+def test_summary_lists_every_student_and_the_flags(graded_class):
+    out = graded_class["proc"].stdout
+    for student in STUDENTS_01 + ["invalid-json"]:
+        assert re.search(rf"^{re.escape(student)}\s", out, re.M), f"{student} missing from the summary"
+    assert "flagged for a human look" in out
+    assert "autograde 01_device_basics [" in graded_class["proc"].stderr, "a progress bar is shown"
+
+
+@needs_sandbox
+def test_hostile_code_changed_nothing_outside_its_folder(graded_class):
+    course = graded_class["course"]
+    assert not os.path.exists(OUTSIDE), "a submission wrote a file outside its own folder"
+    assert not os.path.exists(OUTSIDE_TMP), "a submission wrote into the grader's /tmp"
+    other = course.root / "submitted" / "correct" / A1 / f"{A1}.ipynb"
+    notebooks.read(other)  # still a notebook: not overwritten with "{}"
+    grades = graded_class["results"][A1]
+    assert grades["correct"]["score"] == _expected(A1, [])[0], "another student's grade was changed"
+    graded_nb = course.autograded_notebook("writes-gradebook", A1)
+    printed = "".join(o.get("text", "") for c in graded_nb.cells for o in c.get("outputs", []))
+    attempts = eval(next(line for line in printed.splitlines() if line.startswith("{'write gradebook'")))
+    assert attempts["write gradebook"] != "done?" and attempts["overwrite another student"] != "done?", attempts
+    assert attempts["write outside"] != "done?" and attempts["network"] == "OSError", attempts
+
+
+def _attack_report(graded_class, student):
+    nb = graded_class["course"].autograded_notebook(student, A1)
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    reports = [json.loads(line.split(" ", 1)[1]) for line in printed.splitlines()
+               if line.startswith("SANDBOX-ATTACK ")]
+    assert reports, f"{student}'s attack printed nothing: {printed[-2000:]}"
+    return {k: v for r in reports for k, v in r.items()}
+
+
+@needs_sandbox
+def test_sandbox_escape_as_root_fails(graded_class):
+    """The escape issue 13 found (remount / read-write, unmount the folder hiding the
+    course, read solutions/, rewrite the gradebook with SQL) fails at the first step. The
+    course is not in the kernel's file system at all (default deny): nothing to unmount."""
+    report = _attack_report(graded_class, "escape-as-root")
+    assert report["remount / rw"] == "EPERM" and report["umount course"] in ("ENOENT", "EPERM"), report
+    assert report["umount /tmp"] == "EPERM", report
+    assert report["solutions"] == 0 and report["sql"] == "OperationalError", report
+
+
+@needs_sandbox
+def test_sandbox_process_cap_stops_a_fork_bomb(graded_class):
+    report = _attack_report(graded_class, "fork-bomb")
+    cap = sandbox.SandboxConfig().max_processes
+    assert report["error"] == "EAGAIN" and 0 < report["forked"] < cap, report
+
+
+@needs_sandbox
+def test_sandbox_tmpfs_and_memory_caps_hold(graded_class):
+    report = _attack_report(graded_class, "fills-memory")
+    cap = sandbox.SandboxConfig().tmpfs_mb
+    for where in ("/dev/shm", "/tmp", "working folder"):
+        written, error = report[where]
+        assert error == "ENOSPC" and written <= cap, (where, report)
+    assert "memfd" not in report, "3 GiB of shared memory past a 2 GiB cap"
+
+
+@needs_sandbox
+def test_attacks_left_the_gradebook_unchanged(graded_class):
+    """No grade in the gradebook carries extra credit (the escape's SQL gave itself some);
+    every student's own score is checked above, solutions/ by the test below."""
+    import sqlite3
+    db = sqlite3.connect(graded_class["course"].root / "gradebook.db")
+    extra = db.execute("SELECT COUNT(*) FROM grade WHERE extra_credit IS NOT NULL AND extra_credit != 0")
+    assert extra.fetchone()[0] == 0, "a submission gave itself extra credit"
+
+
+@needs_sandbox
+def test_feedback_and_outputs_never_show_hidden_tests(graded_class):
+    course = graded_class["course"]
+    hidden = guard.hidden_lines(_source(A1))
+    assert hidden
+    for student in ("reads-solutions", "blank", "edited-test", "kernel-crash"):
+        feedback = course.root / "feedback" / student / A1 / f"{A1}.html"
+        assert feedback.exists(), f"no feedback for {student}"
+        html = feedback.read_text(encoding="utf-8")
+        import html as html_lib
+        plain = html_lib.unescape(re.sub(r"<[^>]+>", "", html))
+        leaked = [h for h in hidden if h in plain]
+        assert not leaked, f"feedback of {student} shows hidden test code: {leaked[:3]}"
+        graded_nb = course.autograded_notebook(student, A1)
+        outputs = json.dumps([o for c in graded_nb.cells for o in c.get("outputs", [])])
+        assert not [h for h in hidden if json.dumps(h)[1:-1] in outputs], f"{student}'s outputs leak hidden tests"
+    spy = course.autograded_notebook("reads-solutions", A1)
+    printed = "".join(o.get("text", "") for c in spy.cells for o in c.get("outputs", []))
+    assert "print(In)" in printed, "the spy printed the kernel's history (hidden tests never reach it as text)"
+
+
+def _feedback_files(course):
+    return sorted((course.root / "feedback").rglob("*.html"))
+
+
+def _decoded(text):
+    """The text, plus every base64 run in it decoded (a leak printed as base64 is still a leak)."""
+    import base64
+    import binascii
+    import html as html_lib
+    import urllib.parse
+    plain = html_lib.unescape(re.sub(r"<[^>]+>", " ", text))
+    parts = [text, plain, urllib.parse.unquote(text)]
+    for run in re.findall(r"[A-Za-z0-9+/]{40,}={0,2}", text):
+        try:
+            parts.append(base64.b64decode(run + "=" * (-len(run) % 4)).decode("utf-8", "replace"))
+        except (binascii.Error, ValueError):
+            pass
+    return "\n".join(parts)
+
+
+def test_no_feedback_file_shows_a_hidden_line_in_any_encoding(graded_class):
+    """Every student's feedback (the leaking student's first): no hidden-test line, in plain
+    text, HTML-escaped, URL-encoded or base64; no SVG drawing of them either."""
+    course = graded_class["course"]
+    files = _feedback_files(course)
+    assert any("leak-base64-svg" in str(f) for f in files), "the leaking student got no feedback"
+    for name in (A1, A2):
+        hidden = guard.hidden_lines(_source(name))
+        assert hidden
+        for path in files:
+            if path.parent.name != name:
+                continue
+            text = _decoded(path.read_text(encoding="utf-8"))
+            leaked = [h for h in hidden if h in text]
+            assert not leaked, f"{path} shows hidden test code: {leaked[:3]}"
+            assert '<text x="0"' not in path.read_text(encoding="utf-8"), f"{path}: a student's SVG drawing"
+
+
+def test_every_graded_submission_has_feedback(graded_class):
+    """nbgrader's ClearHiddenTests raised on a student cell holding its markers: that
+    student silently got no feedback. Now every graded submission has some."""
+    course = graded_class["course"]
+    for name, results in graded_class["results"].items():
+        for student, result in results.items():
+            if result["score"] is None:
+                continue
+            assert (course.root / "feedback" / student / name / f"{name}.html").exists(), (
+                f"no feedback for {student} ({name}); flags: {result['flags']}")
+            assert not any("NO FEEDBACK" in f for f in result["flags"]), result["flags"]
+
+
+def test_feedback_runs_no_student_script(graded_class):
+    course = graded_class["course"]
+    page = (course.root / "feedback" / "live-script" / A1 / f"{A1}.html").read_text(encoding="utf-8")
+    live = "".join(re.findall(r"<script[^>]*>(.*?)</script>", page, flags=re.S | re.I))
+    assert "pwned" not in live, "a student's script is live in the feedback"
+    assert not re.search(r"<[^>]*\s(onerror|onload)\s*=", page, flags=re.I), "a live event handler"
+    assert "IPython.core.display.Javascript object" in page, "the JavaScript output shows as plain text"
+    assert "My notes" in page, "the student's own Markdown is still shown"
+
+
+@pytest.mark.parametrize("student", ["huge-display-update", "huge-error"])
+def test_a_huge_display_update_or_error_is_capped(graded_class, student):
+    """A 50 MiB display update, and (issue 22) a 24 MiB error message, which scored a graded
+    notebook of 48 MiB and a feedback page of 24 MiB when errors did not count."""
+    course = graded_class["course"]
+    graded = course.root / "autograded" / student / A1 / f"{A1}.ipynb"
+    feedback = course.root / "feedback" / student / A1 / f"{A1}.html"
+    assert graded.stat().st_size < 5_000_000, f"graded notebook {graded.stat().st_size:,} bytes"
+    assert feedback.stat().st_size < 5_000_000, f"feedback {feedback.stat().st_size:,} bytes"
+
+
+def test_no_feedback_file_shows_a_hidden_test_string_constant(graded_class):
+    """Issue 22: a function called by a hidden test kept the test's code object and a later
+    cell printed its string constants (46 hidden-test messages in that student's feedback).
+    No feedback file shows one, in plain text, HTML or base64."""
+    course = graded_class["course"]
+    printed = "".join(o.get("text", "") for c in course.autograded_notebook("frame-leak", A1).cells
+                      for o in c.get("outputs", []))
+    assert guard.REDACTED in printed, "the frame-leak student printed nothing that was redacted"
+    for name in (A1, A2):
+        constants = guard.hidden_strings(_source(name))
+        assert constants
+        for path in _feedback_files(course):
+            if path.parent.name == name:
+                text = _decoded(path.read_text(encoding="utf-8"))
+                leaked = [c for c in constants if c in text]
+                assert not leaked, f"{path} shows hidden-test strings: {leaked[:3]}"
+
+
+def test_a_symlink_in_a_submission_is_not_followed(graded_class):
+    """Issue 22: nbgrader copied what a link in the submission pointed to (the course's
+    solutions, hidden tests included) as the grader, where the kernel read it."""
+    course = graded_class["course"]
+    nb = course.autograded_notebook("symlink", A1)
+    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "SYMLINK False" in printed, printed[-2000:]
+    assert (course.root / "quarantine" / "symlink" / A1 / H.SYMLINK_NAME).is_symlink()
+    assert not (course.root / "autograded" / "symlink" / A1 / H.SYMLINK_NAME).exists()
+
+
+def test_review_flags_show_in_the_feedback_and_the_csv(graded_class):
+    """The static review's flag is in the instructor's feedback view (first in the flagged
+    cell) and the CSV's flags column; the score stays as computed."""
+    course = graded_class["course"]
+    page = (course.root / "feedback" / "session-send" / A1 / f"{A1}.html").read_text(encoding="utf-8")
+    assert "FlaggedForReview" in page and "get_ipython" in page
+    rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(open(course.root / "grades.csv"))}
+    assert "get_ipython (kernel machinery)" in rows[(A1, "session-send")]["flags"]
+    assert "tampering in test_pick_device_auto" in rows[(A1, "session-send")]["flags"]
+    assert rows[(A1, "correct")]["flags"] == ""
+    forged = graded_class["results"][A1]["closure-key-now"]
+    print(f"closure-key-now (a forgery against this guard) scored {forged['score']}/{forged['max_score']}, "
+          f"flagged: {forged['flags']}")
+
+
+def test_hostile_submissions_changed_no_source(graded_class):
+    """solutions/ of the graded course (hidden tests included) is byte for byte as before."""
+    course = graded_class["course"]
+    assert _tree_digest(course.root / "solutions") == graded_class["sources_before"]
+
+
+def test_huge_output_is_truncated(graded_class):
+    nb = graded_class["course"].autograded_notebook("huge-output", A1)
+    text = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "output truncated" in text.lower() and len(text) < 5_000_000
+
+
+def test_grades_csv_has_every_graded_submission(graded_class):
+    rows = list(csv.DictReader(open(graded_class["course"].root / "grades.csv")))
+    by_student = {(r["assignment"], r["student_id"]): r for r in rows}
+    assert float(by_student[(A1, "correct")]["score"]) == _expected(A1, [])[0]
+    assert float(by_student[(A1, "blank")]["score"]) == 0
+    assert (A2, "partial") in by_student
+
+
+@needs_sandbox
+def test_sandbox_keeps_pythonpath_packages_but_not_the_course(tmp_path, monkeypatch):
+    """Packages on PYTHONPATH (e.g. installed with pip --target under /tmp) stay importable
+    in the kernel's sandbox; a PYTHONPATH entry that is the hidden course folder does not
+    make it visible."""
+    site = tmp_path / "site"  # under /tmp, which the sandbox replaces with an empty tmpfs
+    (site / "probe_pkg").mkdir(parents=True)
+    (site / "probe_pkg" / "__init__.py").write_text("VALUE = 42\n")
+    course = tmp_path / "course"
+    (course / "source").mkdir(parents=True)
+    (course / "source" / "secret.txt").write_text("hidden tests")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(course)]))
+    config = sandbox.SandboxConfig(mode="bwrap", hide=(str(course),))
+    probe = ("import os, probe_pkg; print(probe_pkg.VALUE); "
+             f"print(os.path.exists({str(course)!r}))")
+    env = sandbox.sandbox_env(config)  # what the grader gives the kernel
+    assert env["PYTHONPATH"] == os.path.realpath(site), env.get("PYTHONPATH")
+    cmd = sandbox.wrap_command([sys.executable, "-c", probe], config, writable=[])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["42", "False"], (
+        f"expected the package importable and the course folder not there at all, got {proc.stdout!r}")

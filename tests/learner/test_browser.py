@@ -1,0 +1,581 @@
+"""The learner's path in JupyterLab, in a real browser, started exactly as `make.py lab`.
+
+Each test copies the repository as a fresh clone has it (every tracked and untracked,
+not-ignored file, committed in a scratch git repository) and starts JupyterLab through
+`coursetools.learner.lab.command`, the function `python3 make.py lab` runs, adding only a loopback
+port, a random token, scratch per-user folders and a "browser" that records the address the
+server asks it to open. Debian's Chromium, driven by Playwright, then opens that address:
+
+* learner mode: course/00_start_here.ipynb opens in the work folder, runs from the menu
+  (Run > Run All Cells) and shows its outputs; its link leads to lesson 01, whose "Next:
+  the exercise" link opens the exercise; the reference answer to question 1 is typed in and
+  the exercise run: the graded test cells of question 1 pass and the run stops at the next
+  unanswered question. nbgrader's instructor panels and the news pop-up are absent. After
+  JupyterLab's autosave interval (the value the server really uses), the learner's copies
+  hold the outputs and the answer, and `git status --porcelain` of the checkout is empty.
+* instructor mode: Nbgrader > Formgrader lists every assignment; an assignment's name and
+  its Preview link open its folders in JupyterLab's file browser.
+
+Screenshots go to test-artifacts/. Every process started is stopped, and a test fails if
+JupyterLab leaves one behind. Skipped, with a message, only where Chromium or the playwright
+package is missing (`.ci/run` installs Chromium from Debian; requirements-dev.txt lists
+playwright).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from coursetools.author import fixtures
+from coursetools.learner import lab
+from coursetools import layout, notebooks
+
+ROOT = layout.ROOT
+NOTEBOOK = lab.FIRST_NOTEBOOK
+ARTIFACTS = ROOT / "test-artifacts"
+# Chromium's own network use is switched off: the machines that run this have no network.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SERVER_START_S = 120   # JupyterLab answered in ~7-12 s on a 2-core machine
+PAGE_LOAD_MS = 180_000
+RUN_ALL_MS = 300_000   # the notebook runs in ~10 s; a busy CI machine may be much slower
+AUTOSAVE_S = 10        # the test's autosave interval (JupyterLab's default is 120 s)
+STDERR_MIME = "application/vnd.jupyter.stderr"  # JupyterLab renders errors and stderr so
+CHAPTER = "01_device_basics"
+
+
+def find_chromium() -> str | None:
+    for candidate in ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
+                          cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def checkout_copy(dest: Path) -> Path:
+    """The repository as a fresh clone of the working tree would be: every file git tracks
+    or would add (not the ignored ones: no .venv, no work/), committed in a new repository."""
+    listed = git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "course")
+    assert git(dest, "status", "--porcelain") == ""
+    return dest
+
+
+def scratch_env(scratch: Path, autosave_s: int | None) -> dict[str, str]:
+    """Jupyter's per-user folders in `scratch`, so the test neither reads a developer's
+    settings nor writes into their home; optionally a shorter autosave interval, set with the
+    same mechanism the course uses (a labconfig/default_setting_overrides.json)."""
+    env = {}
+    for var, sub in [("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+                     ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"),
+                     ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"), ("IPYTHONDIR", "ipython")]:
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+        env[var] = str(scratch / sub)
+    if autosave_s is not None:
+        (scratch / "config" / "labconfig").mkdir(parents=True, exist_ok=True)
+        (scratch / "config" / "labconfig" / "default_setting_overrides.json").write_text(json.dumps(
+            {"@jupyterlab/docmanager-extension:plugin": {"autosaveInterval": autosave_s}}))
+    return env
+
+
+class LabServer:
+    """`make.py lab`'s server (coursetools.learner.lab.command) on a free loopback port; a recording
+    "browser" keeps the address it asks to open. Always stopped by `stop()`."""
+
+    def __init__(self, root: Path, scratch: Path, *, instructor: bool = False,
+                 autosave_s: int | None = None):
+        self.port = free_port()
+        self.token = secrets.token_hex(24)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = scratch / "jupyterlab.log"
+        self.opened = scratch / "browser-opened.txt"
+        recorder = scratch / "record_browser.py"
+        recorder.write_text("import pathlib, sys\npathlib.Path(sys.argv[1]).write_text(sys.argv[2])\n")
+        extra = ["--ip=127.0.0.1", f"--port={self.port}", "--port-retries=0",
+                 f"--ServerApp.token={self.token}",
+                 f"--ServerApp.browser={sys.executable} {recorder} {self.opened} %s"]
+        self.started = time.perf_counter()
+        self.cmd = lab.command(root, instructor=instructor, extra_args=extra)
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd.argv, cwd=self.cmd.cwd,
+                                     env={**self.cmd.env, **scratch_env(scratch, autosave_s)},
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.descendants: dict[int, str] = {}
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def wait_ready(self) -> str:
+        """Until the server answers and has asked the browser to open its page; that address."""
+        deadline = time.monotonic() + SERVER_START_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {self.proc.returncode}:\n{self.log()}")
+            if self.opened.exists() and self.opened.read_text():
+                return self.opened.read_text()
+            time.sleep(0.3)
+        pytest.fail(f"JupyterLab did not open a browser within {SERVER_START_S} s:\n{self.log()}")
+
+    def api(self, path: str):
+        with urllib.request.urlopen(f"{self.url}{path}?token={self.token}", timeout=10) as r:
+            return json.load(r)
+
+    def remember_processes(self) -> None:
+        """Note the server's kernels (their own sessions: a process-group kill misses them)."""
+        import psutil
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    self.descendants[child.pid] = " ".join(child.cmdline())[:200]
+
+    def stop(self) -> list[str]:
+        """Stop the server (it shuts its kernels down); kill whatever it left; return what
+        had to be killed (empty when the shutdown was clean)."""
+        import psutil
+        self.remember_processes()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # Jupyter shuts its kernels down, then exits
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        leftovers = []
+        deadline = time.monotonic() + 10
+        for pid, cmdline in self.descendants.items():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(pid)
+                while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    leftovers.append(f"{pid} {cmdline}")
+                    proc.kill()
+        return leftovers
+
+
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    """Start `make.py lab`'s server over a fresh checkout copy; stopped after the test."""
+    started: list[LabServer] = []
+
+    def start(**kw) -> LabServer:
+        checkout = checkout_copy(tmp_path / "checkout")
+        scratch = tmp_path / "scratch"
+        scratch.mkdir()
+        server = LabServer(checkout, scratch, **kw)
+        server.checkout = checkout
+        started.append(server)
+        return server
+
+    yield start
+    leftovers = [p for server in started for p in server.stop()]
+    assert not leftovers, f"JupyterLab left processes running (killed now): {leftovers}"
+
+
+@pytest.fixture
+def chromium(tmp_path):
+    """A headless Chromium page (Debian's browser, a fresh profile), closed after the test."""
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
+                        "(pip install -r requirements-dev.txt)")
+    from playwright.sync_api import sync_playwright
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); "
+                    "the JupyterLab browser test needs it")
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=executable, headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+        try:
+            page = context.pages[0] if context.pages else context.new_page()
+            page.set_default_timeout(60_000)
+            yield page
+        finally:
+            context.close()
+
+
+# The notebook the learner is working in: the last one opened (tabs' panels are added in
+# the order they are opened; nothing else is open in a fresh workspace).
+_PANEL = "[...document.querySelectorAll('.jp-NotebookPanel')].at(-1)"
+
+# Done: the kernel is idle and every code cell has its execution count, or a cell failed
+# (JupyterLab then stops running the rest, so waiting for all counts would only time out).
+# Never done while a dialog is open (it is answered first, see run_all).
+_RUN_FINISHED = f"""() => {{
+  const panel = {_PANEL};
+  if (!panel || document.querySelector('.jp-Dialog') !== null) return false;
+  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+  const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
+  if (prompts.length === 0 || indicator === null || indicator.dataset.status !== 'idle') return false;
+  if (prompts.some(t => t === '[*]:')) return false;
+  const failed = panel.querySelector('[data-mime-type="{STDERR_MIME}"]') !== null;
+  return failed || prompts.every(t => /^\\[\\d+\\]:$/.test(t));
+}}"""
+
+# Idle, no dialog, nothing queued, no error, yet not every cell ran: a Run All that
+# JupyterLab dropped (clicked while the page was still attaching to its kernel).
+_STALLED = f"""() => {{
+  const panel = {_PANEL};
+  if (!panel) return false;
+  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+  const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
+  return document.querySelector('.jp-Dialog') === null && indicator?.dataset.status === 'idle'
+      && prompts.length > 0 && !prompts.some(t => t === '[*]:')
+      && !prompts.every(t => /^\\[\\d+\\]:$/.test(t))
+      && panel.querySelector('[data-mime-type="{STDERR_MIME}"]') === null;
+}}"""
+
+_CELLS = f"""() => [...{_PANEL}.querySelectorAll('.jp-CodeCell')].map(c => ({{
+    prompt: c.querySelector('.jp-InputPrompt')?.textContent.trim() ?? '',
+    outputs: [...c.querySelectorAll('.jp-OutputArea-output')].map(o => ({{
+        mime: o.dataset.mimeType ?? '', text: o.textContent }}))
+}}))"""
+
+
+def screenshot(page, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    page.screenshot(path=str(path))
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy2(path, ARTIFACTS / name)
+    return path
+
+
+def current_tab(page) -> str:
+    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel").first.inner_text()
+
+
+def wait_for_notebook(page, server: LabServer, relpath: str) -> None:
+    """Until the notebook `relpath` (from the served folder) is the current tab, rendered,
+    and its kernel has started and is idle."""
+    name = Path(relpath).name
+    page.wait_for_function(f"""() => {{
+        const tab = document.querySelector('.lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel');
+        const panel = {_PANEL};
+        return tab?.textContent === {json.dumps(name)} && panel?.querySelector('.jp-CodeCell') != null
+            && panel.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle';
+    }}""", timeout=PAGE_LOAD_MS)
+    deadline = time.monotonic() + PAGE_LOAD_MS / 1000
+    while time.monotonic() < deadline:
+        if any(s.get("path", "") == relpath and (s.get("kernel") or {}).get("execution_state") == "idle"
+               for s in server.api("/api/sessions")):
+            server.remember_processes()
+            return
+        time.sleep(0.5)
+    pytest.fail(f"JupyterLab started no kernel for {relpath} within {PAGE_LOAD_MS // 1000} s:\n{server.log()}")
+
+
+def run_all(page, server: LabServer, relpath: str, tmp_path: Path) -> dict:
+    """Run > Run All Cells in the current notebook; what the page then shows."""
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    started = last_click = time.perf_counter()
+    deadline = started + RUN_ALL_MS / 1000
+    retries: list[str] = []
+    while not page.evaluate(_RUN_FINISHED):
+        now = time.perf_counter()
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():
+            # "Select Kernel" (the page had no kernel yet) or "Restart Kernel?" (asked by the
+            # retry below): a learner accepts, and so does the test. Anything else fails.
+            text = " ".join(dialog.first.inner_text().split())
+            if not text.startswith(("Select Kernel", "Restart Kernel")):
+                shot = screenshot(page, tmp_path, "jupyterlab-dialog.png")
+                pytest.fail(f"JupyterLab asked: {text!r} (screenshot {shot})")
+            page.locator(".jp-Dialog .jp-mod-accept").first.click()
+            retries.append(f"accepted {text[:60]!r}")
+            last_click = now
+        elif page.evaluate(_STALLED) and now - last_click > 10 and len(retries) < 4:
+            # Run All clicked while the page was still attaching to its kernel runs the
+            # first cell or none, then stops. Start over as a learner would.
+            wait_for_notebook(page, server, relpath)
+            page.get_by_role("menuitem", name="Kernel", exact=True).click()
+            page.get_by_role("menuitem", name=re.compile(r"^Restart Kernel and Run All Cells")).click()
+            retries.append("the run stalled: Kernel > Restart Kernel and Run All Cells")
+            last_click = time.perf_counter()
+        if now > deadline:
+            shot = screenshot(page, tmp_path, "jupyterlab-timeout.png")
+            pytest.fail(f"the cells did not all finish within {RUN_ALL_MS // 1000} s (screenshot {shot}; "
+                        f"{retries})\n{server.log()}")
+        time.sleep(0.5)
+    return {"cells": page.evaluate(_CELLS), "seconds": time.perf_counter() - started, "retries": retries}
+
+
+def follow_link(page, text: str) -> None:
+    """Click the link showing `text` in the current notebook, as a learner does."""
+    link = page.locator(".jp-NotebookPanel").last.locator(".jp-RenderedMarkdown a", has_text=text).first
+    link.scroll_into_view_if_needed()
+    link.click()
+
+
+def nbgrader_ui(page) -> list[str]:
+    """nbgrader's panels and buttons visible in the page."""
+    found = []
+    if page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).count():
+        found.append("the Nbgrader menu")
+    if page.locator(".jp-NotebookPanel-toolbar", has_text="Validate").count():
+        found.append("the Validate button")
+    if page.locator(".lm-TabBar-tab[title*='Create Assignment' i], .lm-TabBar-tab[data-id*='create' i]").count():
+        found.append("the Create Assignment sidebar")
+    return found
+
+
+def news_popup(page) -> bool:
+    return page.get_by_text(re.compile(r"Jupyter news", re.IGNORECASE)).count() > 0
+
+
+def check_start_here(cells: list[dict], where: str) -> None:
+    """00_start_here ran in full: outputs, the setup cell's device report, nothing on stderr."""
+    import torch
+
+    expected_code = [c for c in notebooks.read(ROOT / NOTEBOOK).cells if c.cell_type == "code"]
+    failures = [f"code cell {i}: {o['text'][:800]}" for i, c in enumerate(cells) for o in c["outputs"]
+                if o["mime"] == STDERR_MIME]
+    assert not failures, "a cell raised or wrote to stderr in JupyterLab:\n" + "\n".join(failures) + f"\n{where}"
+    assert len(cells) == len(expected_code), f"JupyterLab shows {len(cells)} code cells, the notebook has {len(expected_code)}"
+    prompts = [c["prompt"] for c in cells]
+    assert prompts == [f"[{n}]:" for n in range(1, len(cells) + 1)], f"cells did not each run once, in order: {prompts} {where}"
+    for i, (cell, source) in enumerate(zip(cells, expected_code)):
+        if "print(" in source.source:
+            assert any(o["text"].strip() for o in cell["outputs"]), f"code cell {i} prints, but shows no output {where}"
+    setup = " ".join(o["text"] for o in cells[0]["outputs"])
+    assert f"PyTorch {torch.__version__} | device: " in setup, f"the setup cell's report is missing: {setup!r} {where}"
+    device = setup.split("device: ", 1)[1].split()[0]
+    if device == "cpu":
+        assert "Runtime > Change runtime type > T4 GPU" in setup, "the setup cell must tell a CPU user how to get a GPU"
+    everything = "\n".join(o["text"] for c in cells for o in c["outputs"])
+    assert f"torch       {torch.__version__}" in everything and f"chosen      {device}" in everything, (
+        f"the device report (section 2) is not shown {where}")
+
+
+def type_into_cell(page, index: int, text: str) -> None:
+    """Replace the source of code cell `index` of the current notebook with `text`."""
+    cell = page.locator(".jp-NotebookPanel").last.locator(".jp-CodeCell").nth(index)
+    cell.scroll_into_view_if_needed()
+    editor = cell.locator(".cm-content").first
+    editor.click()
+    page.keyboard.press("ControlOrMeta+a")
+    page.keyboard.insert_text(text)
+    page.keyboard.press("Escape")  # command mode, as after typing
+
+
+def test_learner_path_in_jupyterlab(chromium, server_factory, tmp_path):
+    """make.py lab's learner mode, from the first page to a saved exercise, repository clean."""
+    page = chromium
+    server = server_factory(autosave_s=AUTOSAVE_S)
+    checkout, work = server.checkout, lab.work_dir(server.checkout)
+    opened = server.wait_ready()
+    page.goto(opened, timeout=PAGE_LOAD_MS)  # what a learner's browser is given
+    wait_for_notebook(page, server, NOTEBOOK)
+    ready_s = time.perf_counter() - server.started
+    first = screenshot(page, tmp_path, "jupyterlab-learner-first-start.png")
+    where = f"(screenshot: {first})"
+
+    # The page as the learner first sees it: the served folder is the work folder.
+    assert server.cmd.serve_root == work and (work / NOTEBOOK).exists()
+    assert not nbgrader_ui(page), f"learner mode shows {nbgrader_ui(page)} {where}"
+
+    shown = run_all(page, server, NOTEBOOK, tmp_path)
+    check_start_here(shown["cells"], where)
+    assert not news_popup(page), f"the 'Jupyter news' pop-up is shown {where}"
+
+    # 00 -> lesson 01 -> its exercise, through the links in the notebooks.
+    follow_link(page, "01 · Device basics")
+    wait_for_notebook(page, server, f"course/{CHAPTER}.ipynb")
+    follow_link(page, f"exercises/{CHAPTER}")
+    exercise_rel = f"exercises/{CHAPTER}/{CHAPTER}{lab.EXERCISE_SUFFIX}.ipynb"
+    wait_for_notebook(page, server, exercise_rel)
+    assert current_tab(page) == Path(exercise_rel).name
+
+    # Answer question 1 with the reference answer, run everything (the release tags test
+    # cells `raises-exception`, so JupyterLab runs on past a failing test): question 1's test
+    # cells pass (a test cell that passes shows nothing), question 2's shows that it is
+    # not answered yet.
+    exercise = notebooks.read(work / exercise_rel)
+    code = [c for c in exercise.cells if c.cell_type == "code"]
+    answers = fixtures.reference_answers(notebooks.read(layout.source_notebook(CHAPTER, checkout)))
+    solutions = [i for i, c in enumerate(code) if notebooks.is_solution(c)]
+    first_answer, second_answer = solutions[0], solutions[1]
+    gid = notebooks.grade_id(code[first_answer])
+    type_into_cell(page, first_answer, answers[gid])
+    ran = run_all(page, server, exercise_rel, tmp_path)
+    shot = screenshot(page, tmp_path, "jupyterlab-learner-exercise.png")
+    cells = ran["cells"]
+    assert len(cells) == len(code), f"JupyterLab shows {len(cells)} code cells, the exercise has {len(code)}"
+    tests_q1 = [i for i in range(first_answer + 1, second_answer) if notebooks.is_test_cell(code[i])]
+    assert tests_q1
+    for i in tests_q1:
+        assert re.fullmatch(r"\[\d+\]:", cells[i]["prompt"]), f"test cell {notebooks.grade_id(code[i])} did not run ({shot})"
+        errors = [o["text"][:500] for o in cells[i]["outputs"] if o["mime"] == STDERR_MIME]
+        assert not errors, f"test cell {notebooks.grade_id(code[i])} failed on the reference answer: {errors} ({shot})"
+    q2_test = next(i for i in range(second_answer + 1, len(code)) if notebooks.is_test_cell(code[i]))
+    q2_text = " ".join(o["text"] for o in cells[q2_test]["outputs"] if o["mime"] == STDERR_MIME)
+    assert "NotImplementedError" in q2_text, (
+        f"{notebooks.grade_id(code[q2_test])} should fail with question 2's stub: {q2_text[:300]!r} ({shot})")
+
+    # Past the autosave interval the server really uses: the learner's copies hold the work,
+    # and the repository is untouched.
+    doc = server.api("/lab/api/settings/@jupyterlab/docmanager-extension:plugin")
+    interval = doc["settings"].get("autosaveInterval",
+                                   doc["schema"]["properties"]["autosaveInterval"]["default"])
+    assert doc["settings"].get("autosave", True) is not False
+    assert interval == AUTOSAVE_S, f"the server's autosave interval is {interval} s"
+    run_done = time.monotonic()
+    saved = None
+    while time.monotonic() < run_done + 3 * interval + 60:
+        nb = notebooks.read(work / exercise_rel)
+        if nb.cells and any(c.get("outputs") for c in nb.cells if c.cell_type == "code"):
+            saved = nb
+            if time.monotonic() > run_done + interval + 5:
+                break
+        time.sleep(1)
+    assert saved is not None, f"autosave did not write {work / exercise_rel} within {3 * interval + 60} s"
+    saved_answer = [c for c in saved.cells if c.cell_type == "code"][first_answer].source
+    assert saved_answer.strip() == answers[gid].strip(), "the typed answer is not in the learner's copy"
+    start_copy = notebooks.read(work / NOTEBOOK)
+    assert any(c.get("outputs") for c in start_copy.cells if c.cell_type == "code"), (
+        "00_start_here's outputs were not autosaved into the learner's copy")
+    status = git(checkout, "status", "--porcelain")
+    assert status == "", f"JupyterLab changed the repository:\n{status}"
+
+    log = server.log_path.read_text(errors="replace")
+    assert not re.search(r"^\[C ", log, re.MULTILINE), f"the server logged a critical error:\n{log[-3000:]}"
+    assert " 404 " not in log or ".ipynb" not in "".join(l for l in log.splitlines() if " 404 " in l), (
+        f"a notebook was not found:\n{log[-3000:]}")
+    summary = (f"make.py lab (learner mode) to {NOTEBOOK} ready (rendered, kernel idle): {ready_s:.1f} s; "
+               f"00 ran in {shown['seconds']:.1f} s, the exercise in {ran['seconds']:.1f} s; "
+               f"autosave interval {interval} s; retries: {shown['retries'] + ran['retries'] or 'none'}")
+    (ARTIFACTS / "jupyterlab-learner.txt").write_text(summary + "\n")
+    print(summary, f"screenshots: {first}, {shot}")
+
+
+def test_instructor_mode_formgrader_lists_and_links(chromium, server_factory, tmp_path):
+    """make.py lab --instructor: Formgrader on this course, its links open real folders."""
+    page = chromium
+    server = server_factory(instructor=True)
+    page.goto(server.wait_ready(), timeout=PAGE_LOAD_MS)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).click()
+    page.get_by_role("menuitem", name="Formgrader", exact=True).click()
+    frame = page.frame_locator("iframe[src*='formgrader']")
+    names = layout.assignments(server.checkout)
+    for name in names:
+        frame.get_by_role("link", name=name, exact=True).wait_for(timeout=PAGE_LOAD_MS)
+    shot = screenshot(page, tmp_path, "jupyterlab-instructor-formgrader.png")
+    assert not news_popup(page), f"the 'Jupyter news' pop-up is shown ({shot})"
+
+    def browser_shows(folder: str, notebook: str) -> None:
+        """Until JupyterLab's file browser shows `folder`, with `notebook` in it."""
+        state = """() => ({crumbs: document.querySelector('.jp-FileBrowser .jp-BreadCrumbs')?.textContent ?? '',
+            items: [...document.querySelectorAll('.jp-FileBrowser .jp-DirListing-itemText')].map(e => e.textContent)})"""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = page.evaluate(state)
+            if re.sub(r"\s", "", now["crumbs"]).rstrip("/").endswith(folder) and notebook in now["items"]:
+                return
+            time.sleep(0.5)
+        shot = screenshot(page, tmp_path, "jupyterlab-instructor-link.png")
+        pytest.fail(f"the file browser does not show {folder}/{notebook}: {now} ({shot})")
+
+    frame.get_by_role("link", name=CHAPTER, exact=True).click()
+    browser_shows(f"solutions/{CHAPTER}", f"{CHAPTER}.ipynb")
+    row = frame.locator("tr", has=frame.get_by_role("link", name=CHAPTER, exact=True))
+    row.locator("a:has(.glyphicon-search)").click()  # Preview: the released version
+    browser_shows(f"exercises/{CHAPTER}", f"{CHAPTER}.ipynb")
+    # Formgrader says (in its page and its log) that release/collect need nbgrader's exchange,
+    # which a class server provides; any other critical line is a failure.
+    critical = [line for line in server.log_path.read_text(errors="replace").splitlines()
+                if line.startswith("[C ") and "Unwritable directory" not in line]
+    assert not critical, f"the server logged a critical error: {critical}"
+    print(f"Formgrader lists {', '.join(names)}; screenshot {shot}")
+
+
+def test_gpu_record_block_renders_in_jupyterlab(chromium, server_factory, tmp_path):
+    """A GPU record block (`gpu-report --record`, coursetools/author/gpu_records.py) as JupyterLab
+    shows it: collapsed, its summary names the device, versions and date, its data line is
+    invisible; opened, it shows the recorded text and the figure (a cell attachment). The
+    blocks are recorded here from a real run of tests/fixtures_gpu/tiny_lesson.json on this
+    machine, and labelled with what this machine is."""
+    from coursetools.author import gpu_records
+    from coursetools.evidence import gpu_report, standalone
+    page = chromium
+    server = server_factory()
+    opened = server.wait_ready()
+    lesson = notebooks.read(ROOT / "tests" / "fixtures_gpu" / "tiny_lesson.json")
+    run = standalone.run_notebook(lesson, tmp_path / "record", filename="tiny.ipynb", strict=False)
+    assert not run.problems, run.problems
+    device = gpu_records.device_from(gpu_report.machine())
+    recorded, notes = gpu_records.write_blocks(lesson, run.executed_nb.cells, device)
+    assert not notes and sum(map(gpu_records.is_block, recorded.cells)) == 4
+    rel = "gpu-record-demo.ipynb"
+    notebooks.write(recorded, server.cmd.serve_root / rel)
+    page.goto(f"{server.url}/lab/tree/{rel}?token={server.token}", timeout=PAGE_LOAD_MS)
+    wait_for_notebook(page, server, rel)
+    assert opened  # (the server asked for its first page; this test opens its own)
+
+    blocks = page.locator(".jp-NotebookPanel .jp-MarkdownCell details")
+    blocks.first.wait_for(timeout=PAGE_LOAD_MS)
+    shown = page.evaluate("""() => [...document.querySelectorAll('.jp-NotebookPanel .jp-MarkdownCell details')]
+        .map(d => ({open: d.open, summary: d.querySelector('summary')?.textContent ?? '',
+                    cell: d.closest('.jp-RenderedMarkdown').innerText}))""")
+    where = f"(screenshot: {screenshot(page, tmp_path, 'jupyterlab-gpu-record-collapsed.png')})"
+    assert len(shown) == 4, f"JupyterLab shows {len(shown)} <details> blocks, not 4 {where}"
+    assert all(not b["open"] and b["summary"] in (device.label(), device.label("drew")) for b in shown), (
+        f"{shown} {where}")
+    assert not any("cell_sha256" in b["cell"] for b in shown), f"the data line is visible {where}"
+
+    # Open the branch's block and the figure's block: the recorded text, the figure.
+    skipped = "skipped: this machine has no GPU"
+    expected = next(t for t in (c.source for c in recorded.cells if gpu_records.is_block(c))
+                    if "device.type" not in t and ("on " in t or skipped in t) and "```text" in t
+                    and "PyTorch" not in t.split("</summary>", 1)[1])
+    summaries = page.locator(".jp-NotebookPanel .jp-MarkdownCell details > summary")
+    summaries.nth(1).click()
+    summaries.nth(2).click()
+    page.wait_for_function("""() => {
+        const open = [...document.querySelectorAll('.jp-NotebookPanel .jp-MarkdownCell details[open]')];
+        const img = open.map(d => d.querySelector('img')).find(i => i);
+        return open.length === 2 && img && img.complete && img.naturalWidth > 10;
+    }""", timeout=60_000)
+    summaries.nth(1).evaluate("e => e.scrollIntoView({block: 'start'})")  # the text, then the figure
+    page.wait_for_timeout(500)  # (the scroll settles)
+    shot = screenshot(page, tmp_path, "jupyterlab-gpu-record-block.png")
+    text = page.locator(".jp-NotebookPanel .jp-MarkdownCell details[open] pre").first.inner_text()
+    recorded_text = expected.split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert text.strip() == recorded_text.strip(), f"shown {text!r}, recorded {recorded_text!r} ({shot})"
+    print(f"GPU record blocks render collapsed and open in JupyterLab; screenshot {shot}")

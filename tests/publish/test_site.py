@@ -1,0 +1,560 @@
+"""The course as a website (`python3 make.py site`, coursetools/publish/website.py).
+
+The site is built once for this module, as `make.py site` builds it (the same module, run in
+a child process) into a scratch folder; the lessons' execution cache is the one `make.py
+site` uses (website/_build/jupyter_cache, git-ignored), so a second run of these tests, or a
+maintainer's build, re-runs only the lessons whose code changed. Then:
+
+* every lesson and every released exercise is a page, and nothing else is (the manifest the
+  generator writes, the pages Sphinx wrote, and a fresh staging from the repository agree:
+  the site is made from the notebooks, never edited by hand, and the built folder is not
+  committed); each lesson shows the outputs of a real run, the figures included;
+* no hidden test of solutions/, plain or encoded, is in any file of the build;
+* every internal link and anchor resolves (offline), the cheat sheet's links to the sections
+  that prove its rules included;
+* "Open in Colab" and the download button on every notebook page, the download serving the
+  repository's own notebook; each chapter's prerequisites and time on the home page; the
+  "About these outputs" page names the PyTorch and the machine that produced the outputs;
+* recorded GPU output (coursetools/author/gpu_records.py) renders, with its label and figure, on a
+  small site built from a fixture lesson recorded on this machine;
+* in Chromium (the Playwright set-up of tests/learner/test_browser.py): the home page, a lesson with
+  a figure, an exercise page, a search for `non_blocking`, the dark theme; screenshots go to
+  test-artifacts/screenshots/ (committed).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import zlib
+from pathlib import Path
+
+import pytest
+
+from coursetools.author import cheatsheet, gpu_records
+from coursetools import layout, notebooks
+from coursetools.publish import website
+
+ROOT = layout.ROOT
+SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
+CACHE = website.BUILD_DIR / "jupyter_cache"
+BUILD_TIMEOUT_S = 1800   # a cold build runs every lesson once (about 3 minutes on a busy 2-core machine)
+
+
+def build_site(build_dir: Path, root: Path = ROOT, cache: Path = CACHE) -> dict:
+    """`python -m coursetools.publish.website` (what `make.py site` runs) into `build_dir`; its summary."""
+    cmd = [sys.executable, "-m", "coursetools.publish.website", "--build-dir", str(build_dir), "--cache", str(cache)]
+    if root != ROOT:
+        cmd += ["--root", str(root)]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=layout.env_with_course_tools(), capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT_S)
+    wall = time.perf_counter() - started
+    assert proc.returncode == 0, f"the site build failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    summary = json.loads((build_dir / "site-build.json").read_text())
+    summary["wall_s"] = wall
+    summary["log"] = proc.stdout
+    return summary
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    build_dir = tmp_path_factory.mktemp("site")
+    summary = build_site(build_dir)
+    ran = [e["lesson"] for e in summary["lessons"] if not e["reused"]]
+    line = (f"site: {summary['pages']} pages, {summary['links_checked']} internal links checked, built in "
+            f"{summary['wall_s']:.1f} s ({len(ran)} lesson(s) run, {len(summary['lessons']) - len(ran)} "
+            f"from the cache)")
+    print(line)
+    (ROOT / "test-artifacts").mkdir(exist_ok=True)
+    (ROOT / "test-artifacts" / "site-build.txt").write_text(line + "\n")
+    return {"dir": build_dir, "html": build_dir / "html", "src": build_dir / "src", "summary": summary}
+
+
+def page_text(path: Path) -> str:
+    """The text a reader sees on an HTML page (tags removed, entities decoded)."""
+    raw = path.read_text(encoding="utf-8")
+    raw = re.sub(r"<(script|style)\b.*?</\1>", " ", raw, flags=re.DOTALL)
+    return html.unescape(re.sub(r"<[^>]+>", "", raw))
+
+
+def html_of(page: str) -> str:
+    return str(Path(page).with_suffix(".html"))
+
+
+# --------------------------------------------------------------------------------------
+# What the site holds, and where it comes from
+# --------------------------------------------------------------------------------------
+
+def test_every_lesson_and_exercise_is_a_page_and_nothing_else(site):
+    manifest = json.loads((site["src"] / website.MANIFEST).read_text())["pages"]
+    lessons = [p.relative_to(ROOT).as_posix() for p in layout.lessons()]
+    exercises = [layout.release_notebook(a).relative_to(ROOT).as_posix() for a in layout.assignments()]
+    for rel in [*lessons, *exercises]:
+        assert manifest.get(rel, {}).get("origin") == rel, f"{rel} is not a page of the site"
+    assert not [p for p in manifest if p.startswith("solutions/")], "a solution was staged"
+    # The pages Sphinx wrote are exactly the staged ones (and its own index and search).
+    written = {p.relative_to(site["html"]).as_posix() for p in website.site_pages(site["html"])}
+    expected = {html_of(p) for p in manifest} | {"genindex.html", "search.html"}
+    assert written == expected, (f"pages not made from the repository: {sorted(written - expected)}; "
+                                 f"staged but not written: {sorted(expected - written)}")
+    assert site["summary"]["pages"] == len(written)
+
+
+def test_site_is_made_from_the_notebooks_never_by_hand(site, tmp_path):
+    """A fresh staging from the repository equals what the build rendered, byte for byte; the
+    built folder is git-ignored and nothing of it is committed; each page's origin is the
+    repository file as it is now (sha256 in the manifest)."""
+    fresh = website.stage(ROOT, tmp_path / "src")
+    built = {p.relative_to(site["src"]).as_posix(): p.read_bytes() for p in site["src"].rglob("*") if p.is_file()}
+    again = {p.relative_to(fresh.folder).as_posix(): p.read_bytes() for p in fresh.folder.rglob("*") if p.is_file()}
+    built.pop("about.md")  # written after the lessons ran: it records when and where they ran
+    assert built == again, f"staged files differ from a fresh staging: {sorted(k for k in built.keys() | again.keys() if built.get(k) != again.get(k))}"
+    manifest = json.loads((site["src"] / website.MANIFEST).read_text())["pages"]
+    for page, entry in manifest.items():
+        if entry["origin"]:
+            assert entry["sha256"] == website._sha256(ROOT / entry["origin"]), f"{page}: its origin changed"
+    tracked = subprocess.run(["git", "ls-files", "website/_build"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert not tracked.strip(), f"built files are committed: {tracked}"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "website/_build/html/index.html"], cwd=ROOT)
+    assert ignored.returncode == 0, ".gitignore must ignore website/_build/ (the built site)"
+
+
+def test_lessons_show_real_outputs_and_figures(site):
+    """Each lesson page holds every code cell of the notebook as it is now, and the outputs of
+    its run: the setup cell's report of the PyTorch that ran it; figures are images on disk."""
+    import torch
+
+    figures = 0
+    for lesson in layout.lessons():
+        rel = lesson.relative_to(ROOT).as_posix()
+        page = site["html"] / html_of(rel)
+        text = " ".join(page_text(page).split())
+        for index, cell in enumerate(notebooks.read(lesson).cells):
+            if cell.cell_type == "code" and cell.source.strip():
+                first = " ".join(cell.source.strip().splitlines()[0].split())
+                assert first in text, f"{rel}: code cell {index} ({first[:60]!r}) is not on its page"
+        assert f"PyTorch {torch.__version__} | device: cpu" in text, f"{rel}: no output of a run on this PyTorch"
+        raw = page.read_text(encoding="utf-8")
+        for src in re.findall(r'<img[^>]+src="([^"]*_images/[^"]+\.png)"', raw):
+            image = (page.parent / src).resolve()
+            assert image.exists() and image.stat().st_size > 1000, f"{rel}: figure {src} is missing or empty"
+            figures += 1
+    ran = [lesson for lesson in layout.lessons() if '"image/png"' in lesson.read_text()]
+    assert not ran, f"a lesson stores a figure in the repository: {ran}"
+    assert figures >= 3, f"only {figures} figures on the lesson pages; the lessons draw more"
+
+
+def test_no_hidden_test_in_any_built_file(site):
+    """Every line of solutions/ between BEGIN and END HIDDEN TESTS, plain or encoded
+    (HTML-escaped, URL-encoded, base64, JSON-escaped), is absent from every file the build
+    made (pages, sources, search index, images, doctrees, the execution cache). A line that
+    the course publishes anyway (it also occurs in a lesson, a release or a document) is no
+    secret and is not checked."""
+    secrets = hidden_lines()
+    assert len(secrets) > 100, f"only {len(secrets)} hidden-test lines found in solutions/"
+    roots = [site["dir"], CACHE]
+    found = leaks(secrets, roots)
+    assert not found, "hidden tests are in the built site:\n" + "\n".join(found[:20])
+
+
+def hidden_lines() -> list[str]:
+    public = []
+    for path in [*layout.lessons(), *(layout.release_notebook(a) for a in layout.assignments())]:
+        public += [c.source for c in notebooks.read(path).cells]
+    for doc in ("README.md", cheatsheet.SHEET, "docs/MYTHS.md"):
+        public.append((ROOT / doc).read_text(encoding="utf-8"))
+    published = "\n".join(public)
+    lines = set()
+    for name in layout.assignments():
+        for cell in notebooks.read(layout.source_notebook(name)).cells:
+            for block in re.findall(rf"{re.escape(notebooks.BEGIN_HIDDEN)}\n(.*?){re.escape(notebooks.END_HIDDEN)}",
+                                    cell.source, re.DOTALL):
+                lines |= {line.strip() for line in block.splitlines() if line.strip()}
+    return sorted(line for line in lines if line not in published)
+
+
+def encodings(line: str) -> dict[str, str]:
+    """The ways a line can be written into a built file (the leak check's own test)."""
+    return {"plain": line, "html": html.escape(line), "html-noquote": html.escape(line, quote=False),
+            "html-#39": html.escape(line).replace("&#x27;", "&#39;"),
+            "url": urllib.parse.quote(line), "url-plus": urllib.parse.quote_plus(line),
+            "url-all": urllib.parse.quote(line, safe=""),
+            "json": json.dumps(line)[1:-1], "json-unicode": json.dumps(line, ensure_ascii=False)[1:-1],
+            "json-notebook": json.dumps({"cells": [{"source": ["x = 1\n", f"    {line}\n"]}]}, indent=1)}
+
+
+BASE64_RUN = re.compile(rb"[A-Za-z0-9+/]{24,}={0,2}")
+JSON_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+WORD = re.compile(r"\w{4,}")
+
+
+def _json_unescape(text: str) -> str:
+    simple = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+    return JSON_ESCAPE.sub(lambda m: chr(int(m.group(1)[1:], 16)) if m.group(1)[0] == "u"
+                           else simple.get(m.group(1), m.group(1)), text)
+
+
+def decoded_views(data: bytes, name: str) -> list[str]:
+    """A file's text with each encoding undone: as it is, tags removed and HTML entities
+    decoded, URL-decoded, JSON string escapes decoded; the same for every base64 run in it
+    (data: URIs, encoded files) and for objects.inv's zlib body."""
+    texts = [data.decode("utf-8", errors="replace")]
+    if name == "objects.inv":
+        texts.append(zlib.decompress(data.split(b"\n", 4)[4]).decode("utf-8", errors="replace"))
+    for run in BASE64_RUN.findall(data):
+        try:
+            texts.append(base64.b64decode(run + b"=" * (-len(run) % 4)).decode("utf-8", errors="ignore"))
+        except ValueError:
+            pass
+    views = []
+    for text in texts:
+        views += [text, html.unescape(re.sub(r"<[^>]+>", "", text)), urllib.parse.unquote_plus(text),
+                  urllib.parse.unquote(text), _json_unescape(text)]
+    return views
+
+
+def leaks(secrets: list[str], roots: list[Path]) -> list[str]:
+    """Where a secret line is found in a file under `roots`, in any of the file's decoded
+    views. (Each line is looked for only in views that hold its longest word: the same
+    answer as looking everywhere, in seconds rather than minutes.)"""
+    keyed: dict[str, list[str]] = {}
+    unkeyed = []
+    for line in secrets:
+        # A word at either end of the line may run on into its neighbours in a file ("x" +
+        # "assert" is one word): only words inside the line are keys.
+        words = [m.group(0) for m in WORD.finditer(line) if m.start() > 0 and m.end() < len(line)]
+        (keyed.setdefault(max(words, key=len), []) if words else unkeyed).append(line)
+    found = []
+    for root in roots:
+        for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+            for view in decoded_views(path.read_bytes(), path.name):
+                present = set(WORD.findall(view))
+                candidates = unkeyed + [line for word in present & keyed.keys() for line in keyed[word]]
+                found += [f"{path}: {line!r}" for line in candidates if line in view]
+    return sorted(set(found))
+
+
+def test_leak_check_finds_every_encoding(tmp_path):
+    """The leak check itself: a hidden line written in each encoding is found."""
+    line = 'assert out.device == torch.device("meta"), f"got {out.device!r} <&> 100% secret"'
+    for kind, form in encodings(line).items():
+        (tmp_path / f"{kind}.html").write_text(f"<p>before {form} after</p>")
+    for prefix in ("", "x", "xy"):  # every base64 alignment
+        blob = base64.b64encode(f"{prefix}{line}\n".encode()).decode()
+        (tmp_path / f"b64-{len(prefix)}.js").write_text(blob)
+        (tmp_path / f"b64-uri-{len(prefix)}.html").write_text(f'<img src="data:text/plain;base64,{blob}">')
+    (tmp_path / "highlighted.html").write_text("".join(f"<span>{html.escape(ch)}</span>" for ch in line))
+    (tmp_path / "objects.inv").write_bytes(b"# Sphinx inventory\n# Project: x\n# Version: \n# zlib\n"
+                                           + zlib.compress(line.encode()))
+    (tmp_path / "clean.html").write_text("<p>assert out.device == torch.device, nothing else</p>")
+    found = leaks([line], [tmp_path])
+    flagged = {Path(f.split(":", 1)[0]).name for f in found}
+    expected = {p.name for p in tmp_path.iterdir()} - {"clean.html"}
+    assert flagged == expected, f"missed: {sorted(expected - flagged)}; wrongly flagged: {sorted(flagged - expected)}"
+
+
+# --------------------------------------------------------------------------------------
+# Links, anchors, reader features
+# --------------------------------------------------------------------------------------
+
+def test_every_internal_link_and_anchor_resolves(site):
+    broken, checked = website.check_links(site["html"])
+    assert not broken, "broken links:\n" + "\n".join(broken[:30])
+    assert checked > 500, f"only {checked} internal links were checked"
+
+
+def test_link_check_finds_broken_links(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "index.html").write_text(
+        '<a href="sub/page.html#here">ok</a> <a href="sub/page.html#gone">no anchor</a> '
+        '<a href="missing.html">no file</a> <a href="https://example.org/x">external</a> '
+        '<img src="sub/pic.png"> <a href="#top">ok</a> <a href="#nowhere">no anchor here</a>'
+        '<h1 id="top">t</h1>')
+    (tmp_path / "sub" / "page.html").write_text('<h2 id="here">h</h2> <a href="../index.html#top">back</a>')
+    broken, checked = website.check_links(tmp_path)
+    assert checked == 7
+    assert sorted(b.split(" (")[0] for b in broken) == [
+        "index.html: #nowhere", "index.html: missing.html", "index.html: sub/page.html#gone", "index.html: sub/pic.png"]
+
+
+def test_cheatsheet_links_go_to_the_section_that_proves_each_rule(site):
+    """Each rule's proof link on the site's cheat sheet carries the anchor of the lesson
+    section it names (the link check above proves each anchor exists)."""
+    raw = (site["html"] / "CHEATSHEET.html").read_text(encoding="utf-8")
+    rules = [r for lesson in layout.lessons() for r in cheatsheet.read_rules(lesson)[0]]
+    proof_links = re.findall(r'href="(course/[^"#]+\.html)#([^"]+)"[^>]*>\s*(?:<[^>]+>)*\s*chapter', raw)
+    assert len(proof_links) == len(rules), (
+        f"{len(rules)} rules, {len(proof_links)} proof links with an anchor on the site's cheat sheet")
+    for (page, anchor), rule in zip(proof_links, rules):
+        assert page == f"course/{Path(rule.notebook).stem}.html"
+        title = rule.section.split(" ", 1)[1] if " " in rule.section else rule.section
+        heading = re.search(rf'<section id="{re.escape(anchor)}">\s*(?:<span[^>]*></span>)?\s*<h\d[^>]*>(.*?)</h\d>',
+                            (site["html"] / page).read_text(encoding="utf-8"), re.DOTALL)
+        assert heading, f"{page}: no section #{anchor}"
+        shown = " ".join(html.unescape(re.sub(r"<[^>]+>", "", heading.group(1))).split()).rstrip("#")
+        plain = " ".join(title.replace("`", "").split())
+        assert plain in shown, f"rule {rule.sentence[:50]!r} links to #{anchor} ({shown!r}), not to {title!r}"
+
+
+def test_colab_and_download_on_every_notebook_page(site):
+    cfg = layout.config()
+    manifest = json.loads((site["src"] / website.MANIFEST).read_text())["pages"]
+    notebooks_pages = [p for p, entry in manifest.items() if p.endswith(".ipynb")]
+    assert len(notebooks_pages) == len(layout.lessons()) + len(layout.assignments())
+    for page in notebooks_pages:
+        raw = (site["html"] / html_of(page)).read_text(encoding="utf-8")
+        assert f'href="{cfg.colab_url(page)}"' in raw, f"{page}: no 'Open in Colab' button for {cfg.colab_url(page)}"
+        depth = "../" * page.count("/")
+        assert f'href="{depth}_sources/{page}"' in raw, f"{page}: no download button for the notebook"
+        served = site["html"] / "_sources" / page
+        assert served.read_bytes() == (ROOT / page).read_bytes(), (
+            f"{page}: the download is not the repository's notebook")
+        assert "colab-badge.svg" not in raw or "colab.research.google.com/assets" not in raw, (
+            f"{page}: the Colab badge image is fetched from Google")
+
+
+def test_home_page_gives_each_chapter_its_prerequisites_and_time(site):
+    text = " ".join(page_text(site["html"] / "index.html").split())
+    for lesson in layout.lessons():
+        facts = website.header_facts(notebooks.read(lesson))
+        assert facts, f"{lesson.name}: no prerequisites and time in its header"
+        assert website.short_time(facts[1]) in text, f"the home page lacks {lesson.name}'s time ({facts[1]!r})"
+        first_part = min(p for p in layout.lessons() if p.stem[:2] == lesson.stem[:2])
+        if lesson == first_part:  # a later part's prerequisite is the first part
+            prereq = " ".join(re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", facts[0]).replace("`", "").split())
+            assert prereq in text, f"the home page lacks {lesson.name}'s prerequisites ({prereq!r})"
+
+
+def test_about_page_names_the_pytorch_and_machine_of_the_outputs(site):
+    import torch
+
+    text = " ".join(page_text(site["html"] / "about.html").split())
+    assert f"| {torch.__version__} | cpu |" in (site["src"] / "about.md").read_text(), "the table lacks this PyTorch"
+    assert torch.__version__ in text
+    facts = website.machine()
+    for lesson in site["summary"]["lessons"]:
+        assert lesson["torch"] == torch.__version__, f"{lesson['lesson']}: outputs of PyTorch {lesson['torch']}"
+        assert lesson["machine"], f"{lesson['lesson']}: no record of the machine that ran it"
+        assert lesson["seconds"] > 1.0, f"{lesson['lesson']}: 'ran' in {lesson['seconds']} s"
+    if all(lesson["machine"] == facts for lesson in site["summary"]["lessons"]):
+        assert facts["cpu"] in text and f"{facts['cores']} cores" in text
+
+
+def test_site_build_downloads_nothing():
+    """The build refuses every connection that leaves this machine (no packet is sent)."""
+    import socket
+
+    with website.offline():
+        with pytest.raises(website.SiteError, match="nothing may be downloaded"):
+            socket.create_connection(("192.0.2.1", 80), timeout=1)
+        with socket.socket() as server:  # loopback stays allowed (the kernels' own sockets)
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            socket.create_connection(server.getsockname(), timeout=5).close()
+
+
+def test_built_pages_fetch_nothing_from_elsewhere(site):
+    """No page loads a script, a style sheet, a font or an image from another site."""
+    outside = set()
+    for page in website.site_pages(site["html"]):
+        raw = page.read_text(encoding="utf-8")
+        outside |= set(re.findall(r'<(?:script|link|img|source|iframe)\b[^>]*(?:src|href)="((?:https?:)?//[^"]+)"', raw))
+    assert not outside, f"the pages load from elsewhere: {sorted(outside)[:10]}"
+
+
+# --------------------------------------------------------------------------------------
+# Recorded GPU output
+# --------------------------------------------------------------------------------------
+
+PART_2 = {"cells": [
+    {"cell_type": "markdown", "metadata": {}, "source": (
+        "# 00 · A tiny lesson, part 2: one more cell\n\n"
+        "**Prerequisites:** [part 1](00_tiny.ipynb). **Time:** about 2 minutes to read: 12 words.")},
+    {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": "print(6 * 7)"}],
+    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+    "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture(scope="module")
+def tiny_site(tmp_path_factory):
+    """A site built from a fixture repository: chapter 00 in two parts, part 1 being
+    tests/fixtures_gpu/tiny_lesson.json with its GPU-dependent cells recorded (run on this
+    machine, so its blocks are labelled with what this machine is), part 2 a one-cell lesson."""
+    from coursetools.evidence import gpu_report, standalone
+
+    scratch = tmp_path_factory.mktemp("tiny-site")
+    repo = scratch / "repo"
+    lesson = notebooks.read(ROOT / "tests" / "fixtures_gpu" / "tiny_lesson.json")
+    lesson.cells[0].source += "\n\n**Prerequisites:** none. **Time:** about 1 minute."
+    run = standalone.run_notebook(lesson, scratch / "record", filename="tiny.ipynb", strict=False)
+    assert not run.problems, run.problems
+    device = gpu_records.device_from(gpu_report.machine())
+    recorded, notes = gpu_records.write_blocks(lesson, run.executed_nb.cells, device)
+    assert not notes and sum(map(gpu_records.is_block, recorded.cells)) == 4
+    notebooks.write(recorded, repo / "course" / "00_tiny.ipynb")
+    (repo / "course" / "00_tiny_2.ipynb").write_text(json.dumps(PART_2))
+    (repo / "solutions").mkdir()
+    (repo / "README.md").write_text("# Tiny\n\nA fixture course.\n\n## For instructors\n\nNothing.\n")
+    build_site(scratch / "build", root=repo, cache=scratch / "cache")
+    return {"html": scratch / "build" / "html", "src": scratch / "build" / "src", "recorded": recorded,
+            "device": device}
+
+
+def test_recorded_gpu_blocks_render_with_their_labels(tiny_site):
+    """A lesson with record blocks: each is a collapsed <details> whose summary is the
+    block's label, holding the recorded text and, for the figure, an image on disk."""
+    page = tiny_site["html"] / "course" / "00_tiny.html"
+    raw = page.read_text(encoding="utf-8")
+    blocks = re.findall(r"<details>(.*?)</details>", raw, re.DOTALL)
+    expected = [c.source for c in tiny_site["recorded"].cells if gpu_records.is_block(c)]
+    assert len(blocks) == len(expected) == 4, f"{len(blocks)} <details> blocks on the page, {len(expected)} recorded"
+    for shown, source in zip(blocks, expected):
+        summary = re.search(r"<summary>(.*?)</summary>", shown, re.DOTALL).group(1)
+        label = re.search(r"<summary>(.*?)</summary>", source, re.DOTALL).group(1)
+        assert html.unescape(summary).strip() == label.strip()
+        assert "cell_sha256" not in page_text_of(shown), "the block's data line is shown"
+        for text in re.findall(r"```text\n(.*?)\n```", source, re.DOTALL):
+            assert html.escape(text.splitlines()[0], quote=False) in shown, f"recorded text {text[:60]!r} not shown"
+        if "attachment:" in source:
+            images = re.findall(r'<img[^>]+src="([^"]+)"', shown)
+            assert images, "the recorded figure is not shown"
+            path = (page.parent / images[0]).resolve()
+            assert path.exists() and path.stat().st_size > 1000, f"the figure {images[0]} is not in the site"
+    assert tiny_site["device"].label().split(" the cell")[0] in html.unescape(raw)
+
+
+def test_a_chapter_in_parts_is_one_chapter_of_the_map(tiny_site):
+    """Lessons 00_tiny and 00_tiny_2: one sidebar caption, one course-map row, both parts
+    with their times, each part a page with its own Colab link."""
+    index = (tiny_site["src"] / "index.md").read_text()
+    assert index.count(":caption: 00 ·") == 1, index
+    assert "Lesson, part 1 <course/00_tiny>" in index and "Lesson, part 2 <course/00_tiny_2>" in index
+    rows = [line for line in index.splitlines() if line.startswith("| 00 |")]
+    assert len(rows) == 1 and "about 1 minute" in rows[0] and "about 2 minutes to read" in rows[0], rows
+    assert "12 words" not in rows[0], "the course map shows the time up to its first colon"
+    raw = (tiny_site["html"] / "course" / "00_tiny_2.html").read_text(encoding="utf-8")
+    assert layout.config().colab_url("course/00_tiny_2.ipynb") in raw and "42" in page_text(
+        tiny_site["html"] / "course" / "00_tiny_2.html")
+
+
+def page_text_of(fragment: str) -> str:
+    return html.unescape(re.sub(r"<!--.*?-->", "", re.sub(r"<[^>]+>", "", fragment), flags=re.DOTALL))
+
+
+# --------------------------------------------------------------------------------------
+# In the browser
+# --------------------------------------------------------------------------------------
+
+from test_browser import CHROMIUM_ARGS, find_chromium  # noqa: E402  (tests/ is on sys.path)
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A headless Chromium page (Debian's browser, as tests/learner/test_browser.py), closed after."""
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
+                        "(pip install -r requirements-dev.txt)")
+    from playwright.sync_api import sync_playwright
+
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the site's browser test needs it")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(60_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def shot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / name
+    page.screenshot(path=str(path))
+    return path
+
+
+def test_site_in_the_browser(site, browser_page):
+    """Served as `make.py site --serve` serves it: home, a lesson with a figure, an exercise,
+    search for `non_blocking`, the dark theme; nothing is loaded from another host."""
+    page = browser_page
+    httpd = website.server(site["html"], port=0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    requested_elsewhere: list[str] = []
+    failed: list[str] = []
+    page.on("request", lambda r: requested_elsewhere.append(r.url) if not r.url.startswith(base) else None)
+    page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    try:
+        page.goto(f"{base}/index.html")
+        home = shot(page, "site-home.png")
+        titles = [t.strip() for t in page.locator(".bd-sidebar-primary .caption-text").all_inner_texts()]
+        numbers = sorted({p.stem[:2] for p in layout.lessons()})
+        assert [t.split(" · ")[0] for t in titles] == [*numbers, "Reference"], (
+            f"the sidebar does not follow the course map: {titles} ({home})")
+        for number, title in zip(numbers, titles):
+            first = next(p for p in layout.lessons() if p.stem[:2] == number)
+            assert title.split(" · ", 1)[1] in website.title_of(notebooks.read(first), first.stem).replace("`", "")
+
+        # A lesson with a figure: the first image of its outputs, loaded.
+        lesson = next(p for p in layout.lessons() if re.search(
+            r'class="cell_output[^"]*">\s*<img[^>]+_images/[^"]+\.png"',
+            (site["html"] / "course" / f"{p.stem}.html").read_text(encoding="utf-8")))
+        page.goto(f"{base}/course/{lesson.stem}.html")
+        figure = page.locator(".cell_output img").first
+        figure.scroll_into_view_if_needed()
+        page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=figure.element_handle())
+        page.wait_for_timeout(300)
+        lesson_shot = shot(page, "site-lesson-figure.png")
+        launch = page.locator(f'a[href="{layout.config().colab_url(f"course/{lesson.name}")}"]')
+        assert launch.count() >= 1, f"no Open in Colab button on {lesson.name} ({lesson_shot})"
+
+        exercise = layout.release_notebook(layout.assignments()[0]).relative_to(ROOT).as_posix()
+        page.goto(f"{base}/{html_of(exercise)}")
+        stub = page.locator(".cell_input", has_text="raise NotImplementedError()").first
+        stub.evaluate("e => e.scrollIntoView({block: 'start'})")  # an answer cell and its tests
+        page.wait_for_timeout(300)
+        exercise_shot = shot(page, "site-exercise.png")
+        assert page.locator(".cell_input").count() > 3, f"the exercise shows no code cells ({exercise_shot})"
+
+        # Search, as a reader types it in the search box.
+        page.goto(f"{base}/index.html")
+        page.keyboard.press("Control+k")
+        box = page.locator("input[name='q']:visible").first
+        box.fill("non_blocking")
+        box.press("Enter")
+        page.wait_for_url(re.compile(r"search\.html\?q=non_blocking"))
+        results = page.locator("#search-results ul.search li")
+        results.first.wait_for(timeout=60_000)
+        found = results.all_inner_texts()
+        search_shot = shot(page, "site-search.png")
+        assert any("Performance" in r for r in found), f"search for non_blocking found {found} ({search_shot})"
+
+        # Dark theme: the theme switch turns the page dark.
+        page.goto(f"{base}/course/{lesson.stem}.html")
+        light = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        page.locator(".theme-switch-button:visible").first.click()  # a menu: system, light, dark
+        page.locator("[data-mode='dark']:visible, [data-bs-theme-value='dark']:visible").or_(
+            page.get_by_role("menuitem", name="Dark")).or_(page.get_by_text("Dark", exact=True)).first.click()
+        page.wait_for_function("document.documentElement.dataset.theme === 'dark'")
+        page.mouse.move(5, 500)
+        page.wait_for_timeout(300)
+        dark = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        dark_shot = shot(page, "site-dark.png")
+        assert page.evaluate("document.documentElement.dataset.theme") == "dark" and dark != light, (
+            f"the theme switch did not turn the page dark ({light} -> {dark}, {dark_shot})")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert not requested_elsewhere, f"the site asked another host for: {requested_elsewhere[:10]}"
+    assert not failed, f"requests failed: {failed[:10]}"
+    print(f"screenshots: {home}, {lesson_shot}, {exercise_shot}, {search_shot}, {dark_shot}")
