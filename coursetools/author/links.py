@@ -2,8 +2,9 @@
 
     python3 make.py links
 
-Rewrites the badge link in the header cell of every lesson and every assignment source
-(then regenerates the releases that changed), and the course map table in README.md
+Rewrites the badge link in the header cell of every lesson and every assignment source, and
+each assignment's list of the helpers a learner may use (coursetools.author.helpers_cell),
+then regenerates the releases that changed; and the course map table in README.md
 between the `course-map` markers (with what each exercise has the learner write and its
 points, read from the exercise's source). Run it after changing `github_repo` or `branch`, or after
 adding a chapter.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 import sys
 
-from coursetools.author import authoring, release
+from coursetools.author import authoring, helpers_cell, release
 from coursetools import layout, notebooks
 
 COLAB_LINK = re.compile(r"\(https://colab\.research\.google\.com/github/[^)\s]+\)")
@@ -101,7 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         if fix_notebook_link(lesson, lesson.relative_to(layout.ROOT)):
             print(f"updated {lesson.relative_to(layout.ROOT)}")
     for name in layout.assignments():
-        if fix_notebook_link(layout.source_notebook(name), f"exercises/{name}/{name}.ipynb"):
+        path = layout.source_notebook(name)
+        linked = fix_notebook_link(path, f"exercises/{name}/{name}.ipynb")
+        nb = notebooks.read(path)
+        if helpers_cell.apply(nb):  # the helpers a learner may use, listed; the machinery collapsed
+            notebooks.write(nb, path)
+            linked = True
+        if linked:
             print(f"updated solutions/{name}/{name}.ipynb")
             changed_assignments.append(name)
     if changed_assignments:

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from coursetools.author import authoring, fixtures
+from coursetools.author import authoring, fixtures, helpers_cell
 from coursetools import layout, notebooks
 
 ROOT = layout.ROOT
@@ -49,13 +49,19 @@ def test_clean_metadata(path):
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
     for i, cell in enumerate(nb.cells):
         meta = cell.get("metadata", {})
-        extra = set(meta) - CELL_META_KEYS - {"jupyter"}
+        helpers = cell.cell_type == "code" and notebooks.grade_id(cell) == helpers_cell.HELPERS_ID
+        extra = set(meta) - CELL_META_KEYS - {"jupyter"} - ({"cellView"} if helpers else set())
         assert not extra, f"cell {i} has editor metadata {extra}: strip it"
-        # the one editor setting a lesson may keep: a code cell shown collapsed (plumbing, not the reading path)
+        # the one editor setting a lesson may keep: a code cell shown collapsed (plumbing, not the
+        # reading path); an exercise's locked helpers cell is shown collapsed too, in JupyterLab
+        # and in Colab's form view (coursetools/author/helpers_cell.py)
         if "jupyter" in meta:
-            assert meta["jupyter"] == {"source_hidden": True} and cell.cell_type == "code" and path.parent == layout.COURSE_DIR, (
-                f"cell {i} has editor metadata {meta['jupyter']}: only a lesson's code cell may carry "
-                '"jupyter": {"source_hidden": true} (shown collapsed)')
+            assert meta["jupyter"] == {"source_hidden": True} and cell.cell_type == "code" and (
+                path.parent == layout.COURSE_DIR or helpers), (
+                f"cell {i} has editor metadata {meta['jupyter']}: only a lesson's code cell or an exercise's "
+                'helpers cell may carry "jupyter": {"source_hidden": true} (shown collapsed)')
+        if "cellView" in meta:
+            assert meta["cellView"] == helpers_cell.COLAB_FORM, f"cell {i}: cellView {meta['cellView']!r}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
