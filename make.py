@@ -191,9 +191,14 @@ def main(argv: list[str]) -> int:
     elif command in MODULES:
         py = ensure_env(dev=command in DEV_COMMANDS)
         module = MODULES[command]
-        run([py, "-m", f"coursetools.{module}", *args], cwd=os.getcwd(),
-            env={**jupyter_env(), "PYTHONPATH": os.pathsep.join(
-                [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])})
+        cmd = [str(py), "-m", f"coursetools.{module}", *args]
+        env = {**jupyter_env(), "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+        if command == "grade-class" and os.name == "posix":
+            # Become it: a signal (Ctrl-C, a scheduler's kill) then reaches grade-class itself,
+            # which stops its workers and kernels and keeps what it finished (README).
+            os.execve(cmd[0], cmd, env)
+        run(cmd, cwd=os.getcwd(), env=env)
     else:
         print(f"error: unknown command {command!r}\n{__doc__}", file=sys.stderr)
         return 2

@@ -2,28 +2,41 @@
 
     python3 make.py grade-class                       # every assignment, every student
     python3 make.py grade-class 01_device_basics --zip --csv grades.csv
+    python3 make.py grade-class --jobs 4              # four submissions at once
+    python3 make.py grade-class --scheduler tcp://head:8786   # on a Dask cluster
 
-nbgrader does the work (its own commands, its gradebook); this is the thin glue it lacks:
+nbgrader does the work (its own converters, its gradebook); this is the glue it lacks:
 
 1. `generate_assignment` (with the gradebook) for each assignment;
 2. with `--zip`: `zip_collect` from `downloaded/<assignment>/archive/` (files named
    `<student_id>__<notebook>.ipynb`, or zip files of them);
-3. `autograde` of every submission in `submitted/<student>/<assignment>/`, with a
-   progress bar. The course's nbgrader_config.py makes that grading survive a real class
-   (coursetools.instructor.nbgrader_ext.ResilientExecute: sandbox, per-cell limits, crash recovery,
-   tamper checks, hidden tests kept out of outputs);
-4. `generate_feedback` (HTML per student, hidden tests removed) and `export` (CSV);
+3. autograde of every submission in `submitted/<student>/<assignment>/`, with a progress
+   bar, `--jobs` at once (default: the usable cores, one per 1.5 GiB of memory). Workers
+   (processes of this machine, or Dask workers elsewhere: coursetools.instructor.engines)
+   run nbgrader's autograde up to the course's execution step in a scratch course of their
+   own (coursetools.instructor.gradejob: the sandbox, per-cell limits, crash recovery, tamper
+   checks, hidden tests kept out of outputs); this process records each result into the
+   one gradebook with nbgrader's own steps (coursetools.instructor.record) and writes that
+   student's feedback. Only this process writes the gradebook;
+4. `export` (CSV);
 5. a summary table: each student's score per assignment, and what needs a human look —
    tampering, deleted or edited test cells (restored before grading), cells that crashed
    the kernel or timed out, submissions nbgrader could not grade at all, and the static
    review's findings (coursetools.grading.review: code no answer needs, with cell, line and
    construct; the score is not changed). The same flags go into the CSV's `flags` column.
 
+A long run survives interruption (coursetools.instructor.runguard): SIGINT, SIGTERM or
+SIGHUP stop every process it started and keep every submission already recorded; a second
+grade-class on the same course is refused while one runs; a re-run skips each submission
+already graded from the same submitted files and the same assignment source (a ledger in the
+gradebook's database), unless `--force`. A changed source regrades the whole assignment.
+
 Symbolic links in a submission folder are moved to `quarantine/` before grading: nbgrader
 copies what a link points to, as the grader, where the student's code could read it.
 
-A broken submission never stops the others: nbgrader moves on, and the summary says why
-that one has no grade. Exit status: 0 when every submission was graded, 1 otherwise.
+A broken submission never stops the others: the summary says why that one has no grade.
+Exit status: 0 when every submission was graded, 1 otherwise, 2 when grading could not
+start (or another grade-class holds the course), 128 + the signal's number when stopped.
 """
 
 from __future__ import annotations
@@ -32,11 +45,11 @@ import argparse
 import csv
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +58,7 @@ from coursetools.grading import review, sandbox
 from coursetools.grading.execute import BUDGET_ENAME
 from coursetools.grading.guard import TAMPER_ENAME
 from coursetools.author.nbgrader_course import nbgrader_env
+from coursetools.instructor import engines, gradejob, runguard
 
 FLAG_ENAMES = {
     TAMPER_ENAME: "tampering",
@@ -94,18 +108,44 @@ class Progress:
         return time.perf_counter() - self.start
 
 
+@dataclass
+class Plan:
+    """What a run does with one assignment's submissions."""
+    assignment: str
+    students: list[str]
+    jobs: list[gradejob.Job] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # graded before from the same files and source
+    source_changed: int = 0  # submissions graded before from another version of the source
+    forced: bool = False
+
+
+@dataclass
+class RunLog:
+    """What this run graded, and what it could not."""
+    recorded: dict[str, list[str]] = field(default_factory=dict)  # assignment -> students
+    failed: dict[str, list[str]] = field(default_factory=dict)    # nbgrader could not grade them
+    lost: dict[tuple[str, str], str] = field(default_factory=dict)  # no worker could finish them
+    seconds: float = 0.0
+    recording_s: float = 0.0  # this process's share: the gradebook, graded notebook, feedback
+
+
 class Classroom:
-    def __init__(self, course: Path, db_url: str | None = None, extra: list[str] | None = None,
+    def __init__(self, course: Path, db_url: str | None = None, settings: dict | None = None,
                  log: Path | None = None):
         self.course = course.resolve()
         if not (self.course / "nbgrader_config.py").exists():
             raise SystemExit(f"error: {self.course} has no nbgrader_config.py: is it the course folder?")
         self.db_url = db_url
-        self.extra = list(extra or [])
-        if db_url:
-            self.extra.append(f"--CourseDirectory.db_url={db_url}")
+        # Settings from the command line over nbgrader_config.py's: {"ResilientExecute": {...}}
+        self.settings = settings or {}
+        self.extra = [f"--CourseDirectory.db_url={db_url}"] if db_url else []
         self.log_path = log or self.course / "grading.log"
-        self.quarantined: dict[tuple[str, str], list[str]] = {}
+        self.lost: dict[tuple[str, str], str] = {}
+
+    @property
+    def gradebook_url(self) -> str:
+        return self.db_url or self.config().CourseDirectory.get(
+            "db_url", f"sqlite:///{self.course / 'gradebook.db'}")
 
     # -- nbgrader ----------------------------------------------------------------------
     def nbgrader(self, *args: str, on_line=None) -> int:
@@ -115,40 +155,53 @@ class Classroom:
             log.flush()
             proc = subprocess.Popen(cmd, cwd=self.course, env=nbgrader_env(), text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.write(line)
-                if on_line:
-                    on_line(line)
-            return proc.wait()
+            runguard.spawned(proc.pid)
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(line)
+                    if on_line:
+                        on_line(line)
+                return proc.wait()
+            finally:
+                runguard.waited(proc.pid)
+
+    def config(self):
+        """The course's nbgrader configuration (nbgrader_config.py), with this run's
+        settings over it: what nbgrader would use for `nbgrader autograde` here."""
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.course)).load_config()
+        config.CourseDirectory.root = str(self.course)
+        if self.db_url:
+            config.CourseDirectory.db_url = self.db_url
+        for section, values in self.settings.items():
+            for trait, value in values.items():
+                if trait == "expose":
+                    value = [*config[section].get("expose", []), *value]
+                config[section][trait] = value
+        return config
 
     def _course_dir(self, trait: str, default: str) -> Path:
         """A CourseDirectory setting of this course's nbgrader_config.py, as a path."""
-        from traitlets.config.loader import PyFileConfigLoader
-
-        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.course)).load_config()
-        value = config.CourseDirectory.get(trait, default)
+        value = self.config().CourseDirectory.get(trait, default)
         return self.course / value
 
-    def sandbox_config(self, mode: str | None, memory_mb: int | None,
-                       expose: list[str] | None = None) -> "sandbox.SandboxConfig":
+    def sandbox_config(self) -> "sandbox.SandboxConfig":
         """The kernels' sandbox as grading will set it up (nbgrader_config.py's settings,
         overridden by the command line); raises SandboxUnavailable where grading must not
         run (no sandbox and `bwrap` asked for, or no sandbox as root without consent)."""
-        from traitlets.config.loader import PyFileConfigLoader
-
-        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.course)).load_config()
-        settings = config.ResilientExecute
-        mode = sandbox.resolve_mode(mode or settings.get("sandbox", "auto"))
+        settings = self.config().ResilientExecute
+        mode = sandbox.resolve_mode(settings.get("sandbox", "auto"))
         defaults = sandbox.SandboxConfig()
         return sandbox.SandboxConfig(
-            mode=mode, memory_mb=memory_mb or settings.get("memory_mb", defaults.memory_mb),
+            mode=mode, memory_mb=settings.get("memory_mb", defaults.memory_mb),
             cpu_seconds=settings.get("cpu_seconds", defaults.cpu_seconds),
             max_processes=settings.get("max_processes", defaults.max_processes),
             file_mb=settings.get("file_mb", defaults.file_mb),
             tmpfs_mb=settings.get("tmpfs_mb", defaults.tmpfs_mb),
             hide=(str(self.course), *settings.get("hide", [])),
-            expose=(*settings.get("expose", []), *(expose or [])))
+            expose=tuple(settings.get("expose", [])))
 
     def source_dir(self) -> Path:
         return self._course_dir("source_directory", "source")
@@ -168,7 +221,8 @@ class Classroom:
     def quarantine_links(self, assignment: str) -> None:
         """Move every symbolic link out of the submission folders of `assignment` (into
         quarantine/<student>/<assignment>/, as links): nbgrader's autograde copies what a link
-        points to, as the grader, where the student's code could read it."""
+        points to, as the grader, where the student's code could read it. The summary flags
+        each from what quarantine/ holds, so a later run still shows it."""
         root = self.course / "submitted"
         for student in self.students(assignment):
             folder = root / student / assignment
@@ -177,36 +231,101 @@ class Classroom:
                     path = Path(dirpath) / name
                     if not path.is_symlink():
                         continue
-                    target = os.readlink(path)
                     dest = self.course / "quarantine" / student / assignment / path.relative_to(folder)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     if dest.is_symlink() or dest.exists():
                         dest.unlink()
                     shutil.move(str(path), str(dest))
-                    self.quarantined.setdefault((student, assignment), []).append(
-                        f"symbolic link {path.relative_to(folder)} -> {target} moved to "
-                        f"{dest.relative_to(self.course)} (not followed)")
 
-    def grade(self, assignment: str, *, zip_collect: bool = False) -> None:
-        if self.nbgrader("generate_assignment", assignment, "--force") != 0:
-            raise SystemExit(f"error: nbgrader generate_assignment {assignment} failed; see {self.log_path}")
-        if zip_collect:
-            self.nbgrader("zip_collect", assignment, "--force")
-        self.quarantine_links(assignment)
+    def quarantined(self, student: str, assignment: str) -> list[str]:
+        folder = self.course / "quarantine" / student / assignment
+        if not folder.is_dir():
+            return []
+        flags = []
+        for path in sorted(folder.rglob("*")):
+            if path.is_symlink():
+                rel = path.relative_to(folder)
+                flags.append(f"symbolic link {rel} -> {os.readlink(path)} moved to "
+                             f"{path.relative_to(self.course)} (not followed)")
+        return flags
+
+    # -- a run ------------------------------------------------------------------------
+    def plan(self, assignment: str, *, force: bool, ledger, config_bytes: bytes, code: str) -> Plan:
+        """Which submissions of a registered assignment to grade: those not graded before
+        from the same submitted files and the same source (all of them with `force`)."""
+        from nbgrader.api import Gradebook
+
         students = self.students(assignment)
-        progress = Progress(len(students), f"autograde {assignment}")
-        pattern = re.compile(r"Sanitizing .*submitted[/\\]([^/\\]+)[/\\]" + re.escape(assignment))
+        plan = Plan(assignment, students, forced=force)
+        source = gradejob.read_folder(self.source_dir() / assignment)
+        source_digest = gradejob.files_digest(source)
+        entries = ledger.entries(assignment)
+        plan.source_changed = sum(1 for s, e in entries.items()
+                                  if s in students and e.source_sha256 != source_digest)
+        with Gradebook(self.gradebook_url) as gb:
+            for student in students:  # in order, so that nbgrader's export lists them in order
+                gb.update_or_create_student(student)
+            for student in students:
+                folder = self.course / "submitted" / student / assignment
+                submission_digest = gradejob.files_digest(gradejob.read_folder(folder))
+                entry = entries.get(student)
+                done = (not force and entry is not None and entry.submission_sha256 == submission_digest
+                        and entry.source_sha256 == source_digest and self._complete(gb, student, assignment))
+                if done:
+                    plan.skipped.append(student)
+                    continue
+                plan.jobs.append(gradejob.Job(assignment, student, folder, source, source_digest,
+                                              submission_digest, code, config_bytes))
+        return plan
 
-        def on_line(line: str) -> None:
-            match = pattern.search(line)
-            if match:
-                progress.step(match.group(1))
+    def _complete(self, gb, student: str, assignment: str) -> bool:
+        """The gradebook holds this submission's grades, and its graded notebook and feedback exist."""
+        from nbgrader.api import MissingEntry
 
-        self.nbgrader("autograde", assignment, "--force", on_line=on_line)
-        seconds = progress.close()
-        print(f"autograded {assignment}: {len(students)} submissions in {seconds:.0f} s "
-              f"({60 * len(students) / max(seconds, 1e-9):.1f} per minute)", file=sys.stderr)
-        self.nbgrader("generate_feedback", assignment, "--force")
+        try:
+            gb.find_submission(assignment, student)
+        except MissingEntry:
+            return False
+        graded = self.course / "autograded" / student / assignment
+        feedback = self.course / "feedback" / student / assignment
+        return graded.is_dir() and any(graded.glob("*.ipynb")) and feedback.is_dir() and any(feedback.glob("*.html"))
+
+    def grade(self, plans: list[Plan], engine, recorder, ledger, stop: runguard.StopSignals) -> RunLog:
+        """Every job of `plans` through the engine; each result recorded as it comes."""
+        from coursetools.instructor.record import LedgerEntry, now
+
+        run = RunLog()
+        jobs = [job for plan in plans for job in plan.jobs]
+        if not jobs:
+            return run
+        label = "autograde " + (plans[0].assignment if len(plans) == 1 else f"{len(plans)} assignments")
+        progress = Progress(len(jobs), label)
+        recorded: set[tuple[str, str]] = set()
+        for job, outcome in engine.run(jobs):
+            where = (job.assignment, job.student)
+            if where in recorded:  # a result that came twice (a worker lost after it finished)
+                continue
+            recorded.add(where)
+            started = time.perf_counter()
+            if isinstance(outcome, engines.Lost):
+                run.lost[where] = outcome.reason
+                self.lost[where] = outcome.reason
+                shutil.rmtree(self.course / "autograded" / job.student / job.assignment, ignore_errors=True)
+                ledger.forget(job.assignment, job.student)
+                run.failed.setdefault(job.assignment, []).append(job.student)
+            elif recorder.record(outcome):
+                ledger.put(job.assignment, job.student, LedgerEntry(
+                    job.submission_digest, job.source_digest, now(), outcome.worker))
+                run.recorded.setdefault(job.assignment, []).append(job.student)
+            else:
+                ledger.forget(job.assignment, job.student)
+                run.failed.setdefault(job.assignment, []).append(job.student)
+            run.recording_s += time.perf_counter() - started
+            progress.step(f"{job.student} ({job.assignment})")
+            if stop.requested:
+                break
+        run.seconds = progress.close()
+        return run
 
     def export(self, csv_path: Path, results: dict[str, list[Result]] | None = None) -> None:
         """nbgrader's CSV, with a `flags` column: what the summary says needs a human look."""
@@ -218,16 +337,17 @@ class Classroom:
     def results(self, assignment: str) -> list[Result]:
         from nbgrader.api import Gradebook, MissingEntry
 
-        db_url = self.db_url or f"sqlite:///{self.course / 'gradebook.db'}"
         out = []
-        with Gradebook(db_url) as gb:
+        with Gradebook(self.gradebook_url) as gb:
             for student in self.students(assignment):
                 result = Result(student, assignment)
                 try:
                     sub = gb.find_submission_notebook(assignment, assignment, student)
                     graded_nb = notebooks.read(self.course / "autograded" / student / assignment / f"{assignment}.ipynb")
                 except (MissingEntry, notebooks.NotebookError):
-                    result.flags.append("NOT GRADED: nbgrader could not grade this submission (see grading.log)")
+                    lost = self.lost.get((assignment, student))
+                    result.flags.append(f"NOT GRADED: {lost}" if lost else
+                                        "NOT GRADED: nbgrader could not grade this submission (see grading.log)")
                     submitted = self.course / "submitted" / student / assignment / f"{assignment}.ipynb"
                     try:
                         notebooks.read(submitted)
@@ -248,7 +368,7 @@ class Classroom:
                                 seen.add((label, gid))
                                 result.flags.append(f"{label} in {gid}")
                 result.flags.extend(self._cell_changes(student, assignment))
-                result.flags.extend(self.quarantined.get((student, assignment), []))
+                result.flags.extend(self.quarantined(student, assignment))
                 result.flags.extend(f"review: {finding}" for finding in review.review_notebook(graded_nb))
                 feedback = self.course / "feedback" / student / assignment / f"{assignment}.html"
                 if (self.course / "feedback").is_dir() and not feedback.exists():
@@ -289,6 +409,10 @@ def add_flags_column(csv_path: Path, results: dict[str, list[Result]]) -> None:
     if not rows:
         return
     fields = [k for k in rows[0] if k != "flags"] + ["flags"]
+    # nbgrader lists students in the database's order, which differs between runs and
+    # servers: by assignment (nbgrader's order), then student id.
+    order = {name: i for i, name in enumerate(dict.fromkeys(r.get("assignment") for r in rows))}
+    rows.sort(key=lambda r: (order[r.get("assignment")], r.get("student_id") or ""))
     for row in rows:
         row["flags"] = flags.get((row.get("assignment"), row.get("student_id")), row.get("flags", ""))
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
@@ -320,7 +444,57 @@ def summary_table(results: dict[str, list[Result]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _names(students: list[str], limit: int = 8) -> str:
+    shown = ", ".join(students[:limit])
+    return shown + (f" and {len(students) - limit} more" if len(students) > limit else "")
+
+
+def grading_report(plans: list[Plan], run: RunLog, jobs_label: str) -> list[str]:
+    """One line per assignment: what this run graded, skipped, and why."""
+    lines = []
+    for plan in plans:
+        done = len(run.recorded.get(plan.assignment, []))
+        failed = len(run.failed.get(plan.assignment, []))
+        line = f"{plan.assignment}: {len(plan.students)} submission(s): {done} graded now"
+        if failed:
+            line += f", {failed} could not be graded"
+        if plan.skipped:
+            line += (f", {len(plan.skipped)} skipped (graded before from the same submitted files and "
+                     "the same source; --force grades them again)")
+        if plan.forced:
+            line += ", all graded again (--force)"
+        elif plan.source_changed:
+            line += (f"; the assignment's source changed since {plan.source_changed} of them were graded, "
+                     "so every submission was graded again")
+        lines.append(line)
+    graded = sum(len(v) for v in run.recorded.values()) + sum(len(v) for v in run.failed.values())
+    if graded:
+        lines.append(f"worked on {graded} submission(s) in {run.seconds:.0f} s "
+                     f"({60 * graded / max(run.seconds, 1e-9):.1f} per minute, {jobs_label}); "
+                     f"recording {run.recording_s / graded:.2f} s per submission")
+    return lines
+
+
+def stopped_report(stop: runguard.StopSignals, plans: list[Plan], run: RunLog | None,
+                   killed: int) -> str:
+    lines = [f"grade-class stopped by {stop.name}: {killed} process(es) it had started were stopped "
+             "(workers, nbgrader, kernels, sandboxes)."]
+    for plan in plans:
+        recorded = (run.recorded.get(plan.assignment, []) if run else [])
+        failed = (run.failed.get(plan.assignment, []) if run else [])
+        finished = set(recorded) | set(failed) | set(plan.skipped)
+        rest = [s for s in plan.students if s not in finished]
+        lines.append(f"  {plan.assignment}: {len(recorded)} graded and recorded in this run"
+                     + (f" ({_names(recorded)})" if recorded else "")
+                     + (f", {len(failed)} could not be graded" if failed else "")
+                     + (f", {len(plan.skipped)} graded before" if plan.skipped else "")
+                     + f"; {len(rest)} not graded yet" + (f" ({_names(rest)})" if rest else ""))
+    lines.append("Every recorded submission is complete in the gradebook (grades, graded notebook, "
+                 "feedback); grades.csv was not exported. Run grade-class again: it grades only the rest.")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 make.py grade-class", description=__doc__.splitlines()[0])
     parser.add_argument("assignments", nargs="*", help="default: every assignment in solutions/")
     parser.add_argument("--course", type=Path, default=layout.ROOT,
@@ -328,6 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zip", action="store_true", help="zip_collect from downloaded/<assignment>/archive first")
     parser.add_argument("--csv", type=Path, default=None, help="grades CSV (default: <course>/grades.csv)")
     parser.add_argument("--db-url", default=None, help="gradebook database, e.g. postgresql://user@host/db")
+    parser.add_argument("--jobs", "-j", type=int, default=None,
+                        help=f"submissions graded at once on this machine (default: the usable cores, "
+                             f"at most one per 1.5 GiB of memory: {engines.default_jobs()} here); with "
+                             "--scheduler local, the number of Dask workers")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="grade on a Dask distributed cluster (e.g. tcp://head:8786; 'local' starts "
+                             "a Dask LocalCluster of --jobs workers here). Workers need this course's "
+                             "checkout and environment; see README, 'Grading on many machines'")
+    parser.add_argument("--force", action="store_true",
+                        help="grade every submission again, also those graded before from the same "
+                             "submitted files and the same source")
     parser.add_argument("--sandbox", choices=["auto", "bwrap", "off"], default=None,
                         help="kernel sandbox (default: nbgrader_config.py's, 'auto')")
     parser.add_argument("--unsandboxed-as-root", action="store_true",
@@ -345,58 +530,168 @@ def main(argv: list[str] | None = None) -> int:
                              "Python and its working folder (repeatable; nbgrader_config.py: "
                              "c.ResilientExecute.expose)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
-    args = parser.parse_args(argv)
+    return parser
 
-    extra = []
+
+def settings_from(args) -> dict:
+    """The command line's settings for the course's ResilientExecute."""
+    settings = {}
     if args.sandbox:
-        extra.append(f"--ResilientExecute.sandbox={args.sandbox}")
+        settings["sandbox"] = args.sandbox
     if args.timeout:
-        extra.append(f"--ResilientExecute.timeout={args.timeout}")
+        settings["timeout"] = args.timeout
     if args.budget:
-        extra.append(f"--ResilientExecute.budget={args.budget}")
+        settings["budget"] = args.budget
     if args.no_tamper_checks:
-        extra.append("--ResilientExecute.tamper_checks=False")
+        settings["tamper_checks"] = False
     if args.memory_mb:
-        extra.append(f"--ResilientExecute.memory_mb={args.memory_mb}")
-    room = Classroom(args.course, db_url=args.db_url, extra=extra)
-    for path in args.sandbox_expose:
-        room.extra.append(f"--ResilientExecute.expose={Path(path).resolve()}")
+        settings["memory_mb"] = args.memory_mb
+    if args.sandbox_expose:
+        settings["expose"] = [str(Path(p).resolve()) for p in args.sandbox_expose]
+    return {"ResilientExecute": settings} if settings else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
     if args.unsandboxed_as_root:
-        os.environ[sandbox.ALLOW_ROOT_ENV] = "1"  # nbgrader's ResilientExecute reads it too
-    try:
-        config = room.sandbox_config(args.sandbox, args.memory_mb,
-                                     [str(Path(p).resolve()) for p in args.sandbox_expose])
-    except sandbox.SandboxUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        os.environ[sandbox.ALLOW_ROOT_ENV] = "1"  # the workers' ResilientExecute reads it too
+    if args.jobs is not None and args.jobs < 1:
+        print("error: --jobs must be 1 or more", file=sys.stderr)
         return 2
-    isolation = sandbox.describe(config)
-    print(isolation, file=sys.stderr)
-    with open(room.log_path, "a", encoding="utf-8") as log:
-        log.write(f"\n{isolation}\n")
+    room = Classroom(args.course, db_url=args.db_url, settings=settings_from(args))
     names = args.assignments or room.assignments()
     unknown = sorted(set(names) - set(room.assignments()))
     if unknown:
         print(f"error: no assignment {', '.join(unknown)} in {room.source_dir()}", file=sys.stderr)
         return 2
-    # One kernel, started as grading will, before any submission: a layout the sandbox
-    # cannot serve stops here with one message, not with a "not graded" row per student.
-    from coursetools.grading import preflight
+    lock = runguard.CourseLock(room.course)
     try:
-        seconds = preflight.check(config)
-    except preflight.PreflightError as exc:
+        lock.acquire(" ".join(["grade-class", *argv]))
+    except runguard.LockHeld as exc:
         print(f"error: {exc}", file=sys.stderr)
-        with open(room.log_path, "a", encoding="utf-8") as log:
-            log.write(f"error: {exc}\n")
         return 2
-    print(f"preflight: a kernel started as grading will start it, and imported torch ({seconds:.1f} s)",
-          file=sys.stderr)
-    results = {}
-    for name in names:
-        room.grade(name, zip_collect=args.zip)
-        results[name] = room.results(name)
+    try:
+        if lock.took_over:
+            print(f"note: took over the lock of a grade-class that is no longer running "
+                  f"(pid {lock.took_over.get('pid')} on {lock.took_over.get('host')}, started "
+                  f"{lock.took_over.get('started')}): a re-run grades what it left", file=sys.stderr)
+        return _run(room, args, names)
+    finally:
+        lock.release()
+
+
+def _log(room: Classroom, text: str) -> None:
+    with open(room.log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n{text}\n")
+
+
+def _run(room: Classroom, args, names: list[str]) -> int:
+    import pickle
+
+    # nbgrader's own autograde says this on every submission it records (SQLAlchemy's
+    # autoflush inside its gradebook); the nbgrader command wrote it to its log only.
+    warnings.filterwarnings("ignore", message=".*not in session.*")
+
+    from coursetools.grading import preflight
+    from coursetools.instructor.record import Ledger, Recorder
+
+    # Orphans below this process (a kernel whose worker was killed) come back here, so that
+    # a stop finds them. Not with Dask's LocalCluster, whose processes Dask itself manages.
+    if args.scheduler != "local":
+        runguard.become_subreaper()
+    state: dict = {"engine": None, "killed": 0}
+
+    def on_stop() -> None:
+        if state["engine"] is not None:
+            state["engine"].stop()
+        state["killed"] += len(runguard.stop_descendants())
+
+    plans: list[Plan] = []
+    run: RunLog | None = None
+    with runguard.StopSignals(on_stop) as stop:
+        remote = args.scheduler not in (None, "local")
+        if remote:
+            print(f"grading on the Dask cluster at {args.scheduler}: each worker checks its own sandbox "
+                  "before its first submission", file=sys.stderr)
+        else:
+            try:
+                config = room.sandbox_config()
+            except sandbox.SandboxUnavailable as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            isolation = sandbox.describe(config)
+            print(isolation, file=sys.stderr)
+            _log(room, isolation)
+            # One kernel, started as grading will, before any submission: a layout the sandbox
+            # cannot serve stops here with one message, not with a "not graded" row per student.
+            # The workers started below inherit the result (preflight.PREFLIGHT_ENV).
+            try:
+                seconds = preflight.check(config)
+            except preflight.PreflightError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                _log(room, f"error: {exc}")
+                return 2
+            print(f"preflight: a kernel started as grading will start it, and imported torch ({seconds:.1f} s)",
+                  file=sys.stderr)
+        if stop.requested:
+            print(stopped_report(stop, plans, run, state["killed"]), file=sys.stderr)
+            return stop.exit_status
+        course_config = room.config()
+        config_bytes = pickle.dumps(course_config)
+        code = gradejob.code_digest()
+        try:
+            for name in names:  # registers each assignment (the gradebook exists after the first)
+                if room.nbgrader("generate_assignment", name, "--force") != 0:
+                    print(f"error: nbgrader generate_assignment {name} failed; see {room.log_path}", file=sys.stderr)
+                    return 2
+                if args.zip:
+                    room.nbgrader("zip_collect", name, "--force")
+                room.quarantine_links(name)
+                if stop.requested:
+                    print(stopped_report(stop, plans, run, state["killed"]), file=sys.stderr)
+                    return stop.exit_status
+            ledger = Ledger(room.gradebook_url)
+            for name in names:
+                plans.append(room.plan(name, force=args.force, ledger=ledger, config_bytes=config_bytes,
+                                       code=code))
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        jobs = args.jobs or engines.default_jobs()
+        total = sum(len(p.jobs) for p in plans)
+        if args.scheduler:
+            jobs_label = f"Dask cluster {args.scheduler}"
+            engine = engines.DaskEngine(args.scheduler, jobs, room.log_path)
+        else:
+            jobs_label = f"{min(jobs, max(total, 1))} job(s)"
+            engine = engines.LocalEngine(jobs, config_bytes, room.log_path)
+        state["engine"] = engine
+        recorder = Recorder(course_config, room.log_path)
+        try:
+            run = room.grade(plans, engine, recorder, ledger, stop)
+        except engines.EngineFatal as exc:
+            if not stop.requested:
+                print(f"error: grading cannot go on: {exc}", file=sys.stderr)
+                _log(room, f"error: {exc}")
+                return 2
+        finally:
+            for said in getattr(engine, "ready", []):
+                _log(room, said)
+            ledger.close()
+        if stop.requested:
+            report = stopped_report(stop, plans, run, state["killed"])
+            print(report, file=sys.stderr)
+            print(report)
+            _log(room, report)
+            return stop.exit_status
+    results = {plan.assignment: room.results(plan.assignment) for plan in plans}
     csv_path = (args.csv or room.course / "grades.csv").resolve()
     room.export(csv_path, results)
     print(summary_table(results))
+    report = grading_report(plans, run or RunLog(), jobs_label)
+    print("\n".join(report))
+    _log(room, "\n".join(report))
     print(f"grades: {csv_path}   feedback: {room.course / 'feedback'}   log: {room.log_path}")
     if args.json:
         args.json.write_text(json.dumps(

@@ -16,8 +16,10 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -391,10 +393,17 @@ class ClassSummary:
             terminalreporter.write(self.text)
 
 
-# The simulated class is graded once, in the fixture, by grade-class: 37 submissions one after
-# another (937 s measured on a 2-core machine at load 12; its subprocess limit is 3000 s).
-# Every test here may be the one that pays for it, so they all get the class's time limit.
+# The simulated class is graded once, in the fixture, by grade-class with two jobs (48
+# submissions; one after another they took 937 s on a 2-core machine at load 12; its
+# subprocess limit is 3000 s). Every test here may be the one that pays for it, so they all
+# get the class's time limit.
 pytestmark = pytest.mark.timeout(3600)
+JOBS = 2  # the simulation is graded in parallel; test_parallel_equals_serial grades a sample serially
+
+
+# 60 s per cell: only the endless-loop student should reach it (the correct student's whole
+# 01 notebook ran in 22 s at load ~16 on 2 cores), so a busy machine costs no honest point.
+GRADING_ARGS = ["--timeout", "60", "--memory-mb", "2048"]
 
 
 @pytest.fixture(scope="module")
@@ -417,14 +426,14 @@ def graded_class(tmp_path_factory, request):
     bad.parent.mkdir(parents=True)
     bad.write_text('{"cells": [ this is not JSON')
     results_json = root / "results.json"
-    # 60 s per cell: only the endless-loop student should reach it (the correct student's whole
-    # 01 notebook ran in 22 s at load ~16 on 2 cores), so a busy machine costs no honest point.
     cmd = [sys.executable, "-m", "coursetools.instructor.classroom", A1, A2, "--course", str(root), "--zip",
-           "--timeout", "60", "--memory-mb", "2048", "--json", str(results_json)]
+           *GRADING_ARGS, "--jobs", str(JOBS), "--json", str(results_json)]
     if not SANDBOXED:  # as root, grade-class refuses to run kernels unsandboxed unless asked
         cmd.append("--unsandboxed-as-root")
+    started = time.monotonic()
     proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
                           env=layout.env_with_course_tools())
+    seconds = time.monotonic() - started
     summary = ClassSummary()
     request.config.pluginmanager.register(summary, "course-class-summary")
     summary.keep(proc.stdout)
@@ -432,7 +441,7 @@ def graded_class(tmp_path_factory, request):
     assert results_json.exists(), f"grade-class failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
     results = {a: {r["student"]: r for r in rs} for a, rs in json.loads(results_json.read_text()).items()}
     return {"course": course, "cases": cases, "results": results, "proc": proc,
-            "sources_before": sources_before}
+            "sources_before": sources_before, "seconds": seconds, "cmd": cmd}
 
 
 def _tree_digest(folder):
@@ -494,7 +503,7 @@ def test_summary_lists_every_student_and_the_flags(graded_class):
     for student in STUDENTS_01 + ["invalid-json"]:
         assert re.search(rf"^{re.escape(student)}\s", out, re.M), f"{student} missing from the summary"
     assert "flagged for a human look" in out
-    assert "autograde 01_device_basics [" in graded_class["proc"].stderr, "a progress bar is shown"
+    assert re.search(r"autograde [^\n]*\[#+\.*\] \d+/48 ", graded_class["proc"].stderr), "a progress bar is shown"
 
 
 @needs_sandbox
@@ -739,3 +748,84 @@ def test_sandbox_keeps_pythonpath_packages_but_not_the_course(tmp_path, monkeypa
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["42", "False"], (
         f"expected the package importable and the course folder not there at all, got {proc.stdout!r}")
+
+
+# -- grading in parallel, and again (issues 27 and 28) -------------------------------------------
+# A sample of the class, one of each kind of outcome: full marks, a kernel crash (restarts),
+# restored test cells, tampering, review flags, a submission nbgrader cannot read, a link moved
+# to quarantine. Graded again one at a time, it must give what the parallel run gave.
+SERIAL_SAMPLE = ["correct", "kernel-crash", "edited-test", "torch-patch", "session-send", "invalid-json",
+                 "symlink"]
+
+
+def _normalized(text: str, *roots) -> str:
+    for root in roots:
+        text = text.replace(str(root), "<course>")
+    return text
+
+
+def _graded_cells(path):
+    """A graded notebook's cells without the kernel's execution timestamps."""
+    nb = notebooks.read(path)
+    for cell in nb.cells:
+        cell.get("metadata", {}).pop("execution", None)
+    return [dict(c) for c in nb.cells]
+
+
+def test_parallel_equals_serial(graded_class, tmp_path):
+    """Issue 27: the class was graded with two jobs; a sample graded with one job, in a
+    course of its own, gets the same scores, flags, graded notebooks, feedback and CSV rows."""
+    course = graded_class["course"]
+    serial = NbgraderCourse(tmp_path / "serial", [A1])
+    for student in SERIAL_SAMPLE:
+        shutil.copytree(course.root / "submitted" / student / A1, serial.root / "submitted" / student / A1,
+                        symlinks=True)
+        quarantined = course.root / "quarantine" / student
+        if quarantined.exists():
+            shutil.copytree(quarantined, serial.root / "quarantine" / student, symlinks=True)
+    out = tmp_path / "serial.json"
+    cmd = [sys.executable, "-m", "coursetools.instructor.classroom", A1, "--course", str(serial.root),
+           *GRADING_ARGS, "--jobs", "1", "--json", str(out)]
+    if not SANDBOXED:
+        cmd.append("--unsandboxed-as-root")
+    proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=1800,
+                          env=layout.env_with_course_tools())
+    assert out.exists(), f"grade-class --jobs 1 failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    serial_results = {r["student"]: r for r in json.loads(out.read_text())[A1]}
+    parallel_csv = {r["student_id"]: r for r in csv.DictReader(open(course.root / "grades.csv")) if r["assignment"] == A1}
+    serial_csv = {r["student_id"]: r for r in csv.DictReader(open(serial.root / "grades.csv"))}
+    for student in SERIAL_SAMPLE:
+        mine, theirs = graded_class["results"][A1][student], serial_results[student]
+        assert (mine["score"], mine["max_score"]) == (theirs["score"], theirs["max_score"]), (student, mine, theirs)
+        roots = (course.root, serial.root)  # (the quarantined link still points into the first course)
+        assert ([_normalized(f, *roots) for f in mine["flags"]]
+                == [_normalized(f, *roots) for f in theirs["flags"]]), (student, mine["flags"], theirs["flags"])
+        assert ({k: _normalized(v, *roots) for k, v in parallel_csv[student].items()}
+                == {k: _normalized(v, *roots) for k, v in serial_csv[student].items()}), student
+        if mine["score"] is None:
+            continue
+        assert (_graded_cells(course.root / "autograded" / student / A1 / f"{A1}.ipynb")
+                == _graded_cells(serial.root / "autograded" / student / A1 / f"{A1}.ipynb")), student
+        feedback = [(c.root / "feedback" / student / A1 / f"{A1}.html").read_text(encoding="utf-8")
+                    for c in (course, serial)]
+        assert _normalized(feedback[0], course.root) == _normalized(feedback[1], serial.root), \
+            f"{student}'s feedback differs between the parallel and the serial run"
+    print(f"{len(SERIAL_SAMPLE)} submissions graded again with one job: the same scores, flags, graded "
+          "notebooks, feedback and CSV rows as with two jobs")
+
+
+def test_a_rerun_skips_what_was_graded(graded_class):
+    """Issue 28: the same command again grades nothing already graded from the same files and
+    source (the unreadable submission is tried again) and reports the same results."""
+    started = time.monotonic()
+    proc = subprocess.run(graded_class["cmd"], cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
+                          env=layout.env_with_course_tools())
+    seconds = time.monotonic() - started
+    results_json = graded_class["cmd"][graded_class["cmd"].index("--json") + 1]
+    again = {a: {r["student"]: r for r in rs} for a, rs in json.loads(open(results_json).read()).items()}
+    assert again == graded_class["results"], "a re-run changed a result"
+    n1, n2 = len(graded_class["results"][A1]), len(graded_class["results"][A2])
+    assert f"{A1}: {n1} submission(s): 0 graded now, 1 could not be graded, {n1 - 1} skipped" in proc.stdout, proc.stdout
+    assert f"{A2}: {n2} submission(s): 0 graded now, {n2} skipped" in proc.stdout, proc.stdout
+    print(f"the class ({n1 + n2} submissions, {JOBS} jobs): full run {graded_class['seconds']:.0f} s; "
+          f"the same command again, nothing changed, {seconds:.0f} s")

@@ -1,0 +1,291 @@
+"""One submission graded where a worker runs: the expensive half of `nbgrader autograde`.
+
+`grade-class` splits nbgrader's autograde in two. A *worker* (a process of this machine's
+pool, or a Dask worker on another machine) gets a `Task`: the submission's files and the
+assignment's source, as data, with the course's nbgrader configuration. It builds a scratch
+course of its own (the source, a private gradebook made from it, the submission), runs
+nbgrader's own `Autograde` in it up to and including the course's `ResilientExecute` (the
+sandboxed kernel, the tamper checks, the static review), and sends back the executed
+notebooks and its log. It never sees the instructor's folders or gradebook.
+
+The coordinator (`grade-class`, coursetools.instructor.record) then records the result into
+the one gradebook with nbgrader's own `Autograde` again, the execution replaced by the
+worker's notebooks: nbgrader writes the grades, comments, timestamps and late penalties as
+it always does, from one process, so no two writers ever meet in the gradebook.
+
+A worker refuses work from a coordinator that runs other grading code (`code_digest`: the
+course's tooling, nbgrader and PyTorch versions), and starts one test kernel before its
+first submission (coursetools.grading.preflight).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import pickle
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coursetools import layout
+
+# Config sections a worker must not take from the coordinator as they are: paths of the
+# coordinator's machine, and the steps after execution (the coordinator runs those).
+SCRATCH_SOURCE, SCRATCH_RELEASE = "source", "release"
+PACKAGES = ("nbgrader", "torch", "ipykernel", "jupyter_client", "nbconvert")
+
+
+class WorkerMismatch(RuntimeError):
+    """This worker runs other grading code than the coordinator: it must not grade."""
+
+
+@dataclass
+class Task:
+    assignment: str
+    student: str
+    files: dict[str, bytes]   # the submission folder: relative path -> content (regular files only)
+    source: dict[str, bytes]  # the assignment's source folder (answers and hidden tests)
+    source_digest: str
+    code_digest: str
+    config: bytes             # the course's nbgrader configuration (a pickled traitlets Config)
+
+
+@dataclass
+class Job:
+    """A submission to grade, read from disk only when a worker is about to take it."""
+    assignment: str
+    student: str
+    folder: Path
+    source: dict[str, bytes]
+    source_digest: str
+    submission_digest: str
+    code_digest: str
+    config: bytes
+
+    @property
+    def key(self) -> str:
+        """A name for the task (Dask's key): assignment, student and what they are graded from."""
+        return (f"grade-{self.assignment}-{self.student}-{self.source_digest[:10]}-"
+                f"{self.submission_digest[:10]}")
+
+    def task(self) -> Task:
+        return Task(self.assignment, self.student, read_folder(self.folder), self.source,
+                    self.source_digest, self.code_digest, self.config)
+
+
+@dataclass
+class Outcome:
+    assignment: str
+    student: str
+    executed: dict[str, str] = field(default_factory=dict)  # notebook id -> executed notebook (JSON)
+    log: str = ""
+    error: str | None = None  # nbgrader could not grade this submission (its traceback)
+    seconds: float = 0.0
+    worker: str = ""
+    sandbox: str = ""  # how this worker's kernels are contained (sandbox.describe)
+
+
+def files_digest(files: dict[str, bytes]) -> str:
+    """sha256 of a folder given as {relative path: bytes}: names and contents, in order."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode("utf-8") + b"\0" + hashlib.sha256(files[rel]).digest())
+    return h.hexdigest()
+
+
+def read_folder(folder: Path) -> dict[str, bytes]:
+    """The regular files under `folder` (symbolic links are not followed), relative paths."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            out[path.relative_to(folder).as_posix()] = path.read_bytes()
+    return out
+
+
+def write_folder(files: dict[str, bytes], folder: Path) -> None:
+    for rel, data in files.items():
+        path = (folder / rel).resolve()
+        if folder.resolve() not in path.parents:
+            raise ValueError(f"{rel!r} leaves its folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def code_digest(root: Path = layout.ROOT) -> str:
+    """What grading runs: the course's tooling (coursetools/, nbgrader_config.py), Python's
+    version and the versions of the packages that execute and grade. A worker whose digest
+    differs grades differently, so it refuses work (WorkerMismatch)."""
+    h = hashlib.sha256()
+    files = sorted((root / "coursetools").rglob("*.py")) + [root / "nbgrader_config.py"]
+    for path in files:
+        if "__pycache__" in path.parts:
+            continue
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    h.update(platform.python_version().encode())
+    for name in PACKAGES:
+        try:
+            h.update(f"{name}=={importlib.metadata.version(name)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(f"{name} missing".encode())
+    return h.hexdigest()
+
+
+def describe_code() -> str:
+    versions = []
+    for name in ("nbgrader", "torch"):
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"no {name}")
+    return f"{layout.ROOT} (Python {platform.python_version()}, {', '.join(versions)})"
+
+
+# -- the worker's side ----------------------------------------------------------------------
+_LOCK = threading.Lock()  # one submission at a time per process (nbgrader logs to one logger)
+_STATE: dict = {"templates": {}, "checked": set(), "digest": None, "sandbox": ""}
+
+
+def worker_name() -> str:
+    return f"{platform.node()}:{os.getpid()}"
+
+
+def _my_digest() -> str:
+    if _STATE["digest"] is None:
+        _STATE["digest"] = code_digest()
+    return _STATE["digest"]
+
+
+def _nbgrader_on_path() -> None:
+    """nbgrader shells out to `alembic` when it creates a gradebook: this Python's bin/ first."""
+    bindir = os.path.dirname(sys.executable)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def _worker_config(config_bytes: bytes, root: Path):
+    """The coordinator's course configuration, pointed at this worker's scratch course and
+    cut after the execution step (the coordinator records the grades)."""
+    from traitlets.config import Config
+
+    from coursetools.instructor.nbgrader_ext import ResilientExecute
+
+    config = pickle.loads(config_bytes)
+    assert isinstance(config, Config)
+    config.CourseDirectory.root = str(root)
+    config.CourseDirectory.source_directory = SCRATCH_SOURCE
+    config.CourseDirectory.release_directory = SCRATCH_RELEASE
+    for trait in ("submitted_directory", "autograded_directory", "feedback_directory", "directory_structure"):
+        config.CourseDirectory.pop(trait, None)
+    config.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
+    config.Autograde.autograde_preprocessors = [ResilientExecute]
+    config.Autograde.pre_convert_hook = None  # this worker ran the preflight before taking work
+    config.Autograde.post_convert_hook = None
+    config.GenerateAssignment.pre_convert_hook = None
+    config.GenerateAssignment.post_convert_hook = None
+    hide = list(config.ResilientExecute.get("hide", []))
+    config.ResilientExecute.hide = [*hide, str(root)]
+    return config
+
+
+def _run(app) -> dict:
+    from nbgrader.utils import capture_log
+
+    return capture_log(app)
+
+
+def _template(task: Task, config_bytes: bytes) -> Path:
+    """A gradebook that knows the assignment (nbgrader's generate_assignment, run once per
+    worker process and source version); each submission gets a copy."""
+    key = (task.assignment, task.source_digest, hashlib.sha256(config_bytes).hexdigest())
+    cached = _STATE["templates"].get(key)
+    if cached and cached.exists():
+        return cached
+    from nbgrader.converters import GenerateAssignment
+    from nbgrader.coursedir import CourseDirectory
+
+    root = Path(tempfile.mkdtemp(prefix="grade-class-template-"))
+    write_folder(task.source, root / SCRATCH_SOURCE / task.assignment)
+    config = _worker_config(config_bytes, root)
+    coursedir = CourseDirectory(config=config)
+    coursedir.assignment_id = task.assignment
+    app = GenerateAssignment(coursedir=coursedir, config=config)
+    app.force = True
+    result = _run(app)
+    if not result["success"]:
+        raise RuntimeError(f"worker {worker_name()}: generate_assignment {task.assignment} failed:\n"
+                           f"{result.get('log', '')}\n{result.get('error', '')}")
+    _STATE["templates"][key] = root / "gradebook.db"
+    return root / "gradebook.db"
+
+
+def ensure_ready(config_bytes: bytes) -> float:
+    """Before a worker's first submission: one kernel started as grading will start it
+    (coursetools.grading.preflight); raises PreflightError (or SandboxUnavailable) with the
+    cause. Done once per process and sandbox setting. Returns the seconds it took."""
+    from coursetools.grading import preflight, sandbox
+    from coursetools.instructor.nbgrader_ext import ResilientExecute
+
+    _nbgrader_on_path()
+    root = Path(tempfile.mkdtemp(prefix="grade-class-preflight-"))
+    try:
+        step = ResilientExecute(config=_worker_config(config_bytes, root))
+        sandbox_config = step.sandbox_config({"nbgrader": {"db_url": ""}})
+        key = repr((sandbox_config.mode, sandbox_config.expose, step.kernel_name))
+        if key in _STATE["checked"]:
+            return 0.0
+        seconds = preflight.check(sandbox_config, kernel_name=step.kernel_name)
+        _STATE["sandbox"] = f"worker {worker_name()}: {sandbox.describe(sandbox_config)}"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    _STATE["checked"].add(key)
+    return seconds
+
+
+def grade(task: Task) -> Outcome:
+    """Grade one submission in a scratch course; never raises for the submission's faults
+    (they come back as `Outcome.error`), only for the worker's (WorkerMismatch, preflight)."""
+    if task.code_digest != _my_digest():
+        raise WorkerMismatch(
+            f"worker {worker_name()} runs other grading code than grade-class: {describe_code()}; "
+            "give every worker the same course checkout and environment")
+    with _LOCK:
+        ensure_ready(task.config)
+        start = time.monotonic()
+        outcome = Outcome(task.assignment, task.student, worker=worker_name(), sandbox=_STATE["sandbox"])
+        template = _template(task, task.config)
+        root = Path(tempfile.mkdtemp(prefix="grade-class-"))
+        try:
+            from nbgrader.converters import Autograde
+            from nbgrader.coursedir import CourseDirectory
+
+            write_folder(task.source, root / SCRATCH_SOURCE / task.assignment)
+            write_folder(task.files, root / "submitted" / task.student / task.assignment)
+            shutil.copyfile(template, root / "gradebook.db")
+            config = _worker_config(task.config, root)
+            coursedir = CourseDirectory(config=config)
+            coursedir.assignment_id, coursedir.student_id = task.assignment, task.student
+            app = Autograde(coursedir=coursedir, config=config)
+            app.force, app.create_student = True, True
+            result = _run(app)
+            outcome.log = result.get("log", "")
+            graded = root / "autograded" / task.student / task.assignment
+            for path in sorted(graded.glob("*.ipynb")) if graded.is_dir() else []:
+                outcome.executed[path.stem] = path.read_text(encoding="utf-8")
+            if not result["success"]:
+                outcome.error = result.get("error") or "nbgrader autograde failed"
+            elif not outcome.executed:
+                outcome.error = "nbgrader wrote no graded notebook"
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        outcome.seconds = time.monotonic() - start
+        return outcome
