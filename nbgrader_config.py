@@ -73,6 +73,21 @@ c.Autograde.pre_convert_hook = preflight_hook
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, ClearHiddenTestsSafely, SafeOutputs]
 c.HTMLExporter.sanitize_html = True
 
+# One machine: nbgrader's exchange is local-exchange/ in the course (git-ignored), so that
+# release -> fetch (as a student) -> submit -> collect -> autograde work before a class
+# server exists (`make.py lab --instructor` shows Formgrader's release and collect and the
+# Assignments tab). On JupyterHub, replace these four lines with the hub's shared exchange
+# (README, "Large classes"): this file is read after the hub's global nbgrader config, so
+# a setting left here would win over it.
+_LOCAL_EXCHANGE = os.path.join(_ROOT, "local-exchange")
+c.Exchange.root = os.path.join(_LOCAL_EXCHANGE, "exchange")      # what the instructor releases and collects
+c.Exchange.cache = os.path.join(_LOCAL_EXCHANGE, "cache")        # the student side's record of submissions
+c.Exchange.assignment_dir = os.path.join(_LOCAL_EXCHANGE, "student")  # where a student fetches to
+try:
+    os.makedirs(c.Exchange.root, exist_ok=True)  # nbgrader needs the folder to exist
+except OSError:
+    pass  # a read-only checkout: release and collect then say the exchange is missing
+
 # zip_collect: files named <student_id>__<notebook>.ipynb (e.g. from an LMS download).
 c.FileNameCollectorPlugin.named_regexp = (
     r"(?:.*[/\\])?(?P<student_id>[A-Za-z0-9.-]+)__(?P<file_id>[^/\\]+\.ipynb)$")

@@ -16,9 +16,12 @@ copies the learner changed are kept and listed when the course has a newer versi
 nbgrader's instructor panels are switched off (`jupyter-config/learner/`): the self-check
 is `python3 make.py check`, which finds the learner's copy.
 
-**Instructor mode** serves the repository root with nbgrader's Formgrader, Create Assignment
-and Validate (`jupyter-config/instructor/`; the Assignments tab needs nbgrader's exchange,
-which a class server provides). What is opened there is the course's source.
+**Instructor mode** serves the repository root with nbgrader's Formgrader, Create Assignment,
+Validate and the Assignments tab (`jupyter-config/instructor/`). What is opened there is the
+course's source. nbgrader's exchange is `local-exchange/` in the course (git-ignored; set in
+nbgrader_config.py, made here if missing), so an instructor can release in Formgrader, fetch
+and submit as a student in the Assignments tab (into `local-exchange/student/`), collect and
+grade, all on one machine; a class server replaces it (README, "Large classes").
 
 Both modes use JupyterLab's and Jupyter Server's own configuration files, found through
 JUPYTER_CONFIG_PATH: `jupyter-config/<mode>/` (page_config.json disables lab plugins,
@@ -58,6 +61,7 @@ EXERCISE_SUFFIX = "_exercise"
 CONFIG_DIR = "jupyter-config"
 MODES = ("learner", "instructor")
 ZH = "zh"  # the Chinese edition's folder, in the repository and in work/
+LOCAL_EXCHANGE = "local-exchange"  # nbgrader's exchange on one machine (nbgrader_config.py)
 
 
 def work_dir(root: Path = layout.ROOT) -> Path:
@@ -239,6 +243,7 @@ def command(root: Path = layout.ROOT, *, instructor: bool = False,
     mode = "instructor" if instructor else "learner"
     if instructor:
         serve_root, report, first = root, None, []
+        (root / LOCAL_EXCHANGE / "exchange").mkdir(parents=True, exist_ok=True)
     else:
         report = sync(root, lang)
         serve_root = work_dir(root)
