@@ -236,6 +236,10 @@ class Cgroup:
 
     def __init__(self, kind: str, dirs: list[str], procs: list[str]):
         self.kind, self.dirs, self.procs = kind, dirs, procs
+        # Only a group its owner gave up on (its remove() found processes still dying) is
+        # reaped at the next kernel: an empty group may be another thread's, whose kernel
+        # has not joined it yet (grading several submissions at once in one process).
+        self.abandoned = False
 
     @classmethod
     def create(cls, kind: str, memory_bytes: int, pids: int) -> "Cgroup":
@@ -295,6 +299,8 @@ class Cgroup:
         gone = not any(os.path.exists(p) for p in self.dirs)
         if gone:
             _live.discard(self)
+        else:
+            self.abandoned = True
         return gone
 
 
@@ -302,10 +308,10 @@ _live: set[Cgroup] = set()  # every group this process made and has not removed 
 
 
 def _reap(attempts: int) -> None:
-    """Remove the groups of kernels that are gone (a manager not cleaned up, processes
-    that were still dying): at each new group, and at exit."""
+    """Remove the groups whose processes were still dying when their kernel was cleaned up
+    (at each new group), and every group left (at exit, when no kernel runs any more)."""
     for group in list(_live):
-        if attempts > 1 or not _read_pids(group.procs[0]):
+        if attempts > 1 or (group.abandoned and not _read_pids(group.procs[0])):
             group.remove(attempts)
 
 
@@ -790,6 +796,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         if kind:
             try:
                 self._cgroup = Cgroup.create(kind, config.memory_mb * MIB, config.max_processes)
+                # a manager dropped without cleanup: its group is reaped at the next kernel
+                weakref.finalize(self, setattr, self._cgroup, "abandoned", True)
             except OSError as exc:
                 self.log.warning("no cgroup for this kernel (%s): rlimits only", exc)
         return wrap_command(cmd, config, writable=[self._runtime], scratch=self.scratch or None,

@@ -1,5 +1,8 @@
 """Grading through nbgrader itself: solutions score full marks, the untouched release zero,
-and every fixture (tests/submissions/) exactly the points it declares.
+every fixture (tests/submissions/) exactly the points it declares, and the Chinese edition's
+exercises exactly like the English ones (the reference answers, the untouched release and a
+wrong answer typed into the Chinese release: only markdown, answer-cell docstrings and
+comments are translated, no locked cell, so nbgrader's checksums match).
 
 Fixtures are graded in groups (coursetools/author/fixture_groups.py): one submission carries the
 changed answers of several fixtures whose grades cannot mix up, checked from the notebook's
@@ -17,8 +20,10 @@ is graded at once, as many nbgrader processes at a time as the machine has cores
 
 from __future__ import annotations
 
+import html
 import math
 import os
+import re
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -29,16 +34,32 @@ import pytest
 from coursetools.author import fixture_groups, fixtures
 from coursetools import layout, notebooks
 from coursetools.author.nbgrader_course import NbgraderCourse
+from coursetools.publish.i18n import build as i18n_build
+from coursetools.publish.i18n import markdown as i18n_markdown
 
 ASSIGNMENTS = layout.assignments()
 FIXTURES = fixtures.all_fixtures()
 GROUPS = {name: fixture_groups.groups(name, FIXTURES, notebooks.read(layout.source_notebook(name)))
           for name in ASSIGNMENTS}
-SHARD_SIZE = 6  # submissions per nbgrader process (one costs 5.5-11 CPU-seconds, measured)
+# submissions per nbgrader process: one submission costs 6-10 s of a quiet core (kernel start,
+# the tamper checks' setup, the notebook), one nbgrader process about 5 s more
+SHARD_SIZE = 8
+# The Chinese edition's exercises (zh/exercises/...): a Chinese submission must grade exactly
+# like an English one, so three of them join the English ones in the same scratch course:
+# the reference answers, the untouched release and a realistic wrong answer.
+CHINESE = {src.path.split("/")[1]: layout.ROOT / src.target
+           for src in i18n_build.edition(layout.ROOT) if src.kind == "exercise"}
+ZH_STUDENTS = ("zh-solution", "zh-untouched-release", "zh-wrong")
 
 
 def students_of(name: str) -> list[str]:
-    return ["solution", "untouched-release"] + [group.student_id for group in GROUPS[name]]
+    chinese = list(ZH_STUDENTS) if name in CHINESE else []
+    return ["solution", "untouched-release"] + [group.student_id for group in GROUPS[name]] + chinese
+
+
+def chinese_wrong_fixture(name: str) -> fixtures.Fixture:
+    """The first wrong fixture of the assignment that can share a kernel (not `alone`)."""
+    return next(f for f in FIXTURES if f.assignment == name and f.kind == "wrong" and not f.alone)
 
 
 def group_of(fx: fixtures.Fixture) -> fixture_groups.Group:
@@ -67,6 +88,13 @@ def submission_of(name: str, student: str):
         return notebooks.read(layout.source_notebook(name))
     if student == "untouched-release":
         return notebooks.read(layout.release_notebook(name))
+    if student in ZH_STUDENTS:
+        chinese = notebooks.read(CHINESE[name])
+        reference = fixtures.reference_answers(notebooks.read(layout.source_notebook(name)))
+        if student == "zh-untouched-release":
+            return chinese
+        answers = reference if student == "zh-solution" else {**reference, **chinese_wrong_fixture(name).answers}
+        return fixtures.fill(chinese, answers)
     group = next(group for group in GROUPS[name] if group.student_id == student)
     return fixtures.submission_with(name, group.answers, group.describe())
 
@@ -210,6 +238,46 @@ def graded(shard_results, request):
     return get
 
 
+def _log_of(log_text: str, student: str) -> str:
+    """The part of an autograde log about one student's submission."""
+    marker = "Creating/updating student with ID "
+    parts = log_text.split(marker)
+    return "".join(marker + p for p in parts[1:] if p.startswith(f"'{student}'"))
+
+
+def check_chinese_submission(g: Graded, student: str) -> None:
+    """A Chinese submission scores what the English one does; nbgrader restores none of its
+    cells but the test cells (their hidden tests come back, as for every submission); the
+    graded notebook, and for the reference answers the feedback, keep the Chinese statement."""
+    if student == "zh-solution":
+        expected = g.points
+    elif student == "zh-untouched-release":
+        expected = {gid: 0.0 for gid in g.points}
+    else:
+        wrong = chinese_wrong_fixture(g.name)
+        expected = fixtures.expected_scores(wrong, g.source)
+    assert g.scores(student) == expected, g.explain(student, expected)
+    log = g.shard.log.stdout + g.shard.log.stderr
+    mine = _log_of(log, student)
+    assert mine, f"no part of the autograde log is about {student}:\n{log[-2000:]}"
+    tests_with_hidden = {notebooks.grade_id(c) for c in notebooks.test_cells(g.source)
+                         if notebooks.BEGIN_HIDDEN in c.source}
+    restored = set(re.findall(r"Attribute '\w+' for cell (\S+) has changed", mine))
+    assert restored <= tests_with_hidden, f"nbgrader restored cells of a Chinese submission: {restored - tests_with_hidden}"
+    chinese = notebooks.read(CHINESE[g.name])
+    statement = [c.source for c in chinese.cells if c.cell_type == "markdown"]
+    graded_nb = g.shard.course.autograded_notebook(student, g.name)
+    assert [c.source for c in graded_nb.cells if c.cell_type == "markdown"] == statement
+    if student == "zh-solution":  # nbgrader's feedback page shows the Chinese statement
+        g.shard.course.run("generate_feedback", g.name, "--force", "--student", student)
+        page = (g.shard.course.root / "feedback" / student / g.name / f"{g.name}.html").read_text(encoding="utf-8")
+        text = html.unescape(re.sub(r"<[^>]+>", "", page)).replace("`", "")
+        headings = [line[3:].strip() for src in statement for line in src.splitlines()
+                    if line.startswith("## ") and i18n_markdown.CJK.search(line)]
+        assert headings and all(h.replace("`", "") in text for h in headings[:3]), (
+            f"the feedback does not show the Chinese statement ({headings[:3]})")
+
+
 # One test class per shard: pytest-xdist's `--dist loadscope` (what `make.py test` uses) sends
 # a class to one worker as a unit, so each shard is autograded once, by the worker that runs
 # its tests.
@@ -245,6 +313,12 @@ def _shard_class(name: str, index: int, students: list[str]) -> type:
                     problems = [p for gid in fx.shows for p in fixtures.message_problems(fx, gid, shown.get(gid, ""))]
                     assert not problems, (f"{fx.description}\n" + "\n".join(problems) + "\nthe messages shown:\n"
                                           + "\n".join(f"{gid}: {shown.get(gid, '')[:600]}" for gid in fx.shows))
+
+        chinese_here = [st for st in students if st in ZH_STUDENTS]
+        if chinese_here:
+            @pytest.mark.parametrize("student", chinese_here)
+            def test_chinese_submission_grades_like_an_english_one(self, graded, student):
+                check_chinese_submission(graded(name, student), student)
 
     Shard.__name__ = Shard.__qualname__ = f"TestGrading_{name}_shard{index}"
     return Shard

@@ -5,7 +5,7 @@ PO files in locale/zh_CN/, never edited by hand, never silently behind.
 * every translation keeps what it must (tags, link targets, code, headings, list markers,
   table cells, the seed posts' quotes) and follows the glossary;
 * a Chinese notebook carries the English code: lessons the same code modulo comments and
-  docstrings, exercises every locked cell byte for byte (tests/publish/test_i18n_grading.py grades
+  docstrings, exercises every locked cell byte for byte (tests/course/test_grading.py grades
   them through nbgrader);
 * coverage per notebook is written to test-artifacts/i18n-coverage.txt and printed; a pending
   translation never fails the suite, it shows the English with a note;
