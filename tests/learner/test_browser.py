@@ -44,26 +44,17 @@ from coursetools.author import fixtures
 from coursetools.learner import lab
 from coursetools import layout, notebooks
 
+from browser_support import chromium_page  # tests/ is on sys.path (tests/conftest.py)
+
 ROOT = layout.ROOT
 NOTEBOOK = lab.FIRST_NOTEBOOK
 ARTIFACTS = ROOT / "test-artifacts"
-# Chromium's own network use is switched off: the machines that run this have no network.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SERVER_START_S = 120   # JupyterLab answered in ~7-12 s on a 2-core machine
 PAGE_LOAD_MS = 180_000
 RUN_ALL_MS = 300_000   # the notebook runs in ~10 s; a busy CI machine may be much slower
 AUTOSAVE_S = 10        # the test's autosave interval (JupyterLab's default is 120 s)
 STDERR_MIME = "application/vnd.jupyter.stderr"  # JupyterLab renders errors and stderr so
 CHAPTER = "01_device_basics"
-
-
-def find_chromium() -> str | None:
-    for candidate in ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(candidate)
-        if found:
-            return found
-    return None
 
 
 def free_port() -> int:
@@ -212,23 +203,8 @@ def server_factory(tmp_path):
 @pytest.fixture
 def chromium(tmp_path):
     """A headless Chromium page (Debian's browser, a fresh profile), closed after the test."""
-    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                        "(pip install -r requirements-dev.txt)")
-    from playwright.sync_api import sync_playwright
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); "
-                    "the JupyterLab browser test needs it")
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=executable, headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
-        try:
-            page = context.pages[0] if context.pages else context.new_page()
-            page.set_default_timeout(60_000)
-            yield page
-        finally:
-            context.close()
+    with chromium_page(tmp_path / "chromium-profile", "the JupyterLab browser test") as page:
+        yield page
 
 
 # The notebook the learner is working in: the last one opened (tabs' panels are added in

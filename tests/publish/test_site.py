@@ -453,27 +453,14 @@ def page_text_of(fragment: str) -> str:
 # In the browser
 # --------------------------------------------------------------------------------------
 
-from test_browser import CHROMIUM_ARGS, find_chromium  # noqa: E402  (tests/ is on sys.path)
+from browser_support import chromium_page  # noqa: E402  (tests/ is on sys.path)
 
 
 @pytest.fixture
-def browser_page(tmp_path):
+def browser_page():
     """A headless Chromium page (Debian's browser, as tests/learner/test_browser.py), closed after."""
-    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
-                        "(pip install -r requirements-dev.txt)")
-    from playwright.sync_api import sync_playwright
-
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the site's browser test needs it")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(60_000)
-            yield page
-        finally:
-            browser.close()
+    with chromium_page(None, "the site's browser test") as page:
+        yield page
 
 
 def shot(page, name: str) -> Path:

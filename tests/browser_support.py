@@ -1,0 +1,54 @@
+"""Headless Chromium for the browser tests (Debian's browser, driven by Playwright), shared by
+tests/learner/test_browser.py (JupyterLab), tests/publish/test_site.py (the website) and
+tests/publish/test_i18n_browser.py (JupyterLab in Chinese). tests/ is on sys.path
+(tests/conftest.py), so each imports it as `browser_support`."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+# Chromium's own network use is switched off: the machines that run this have no network.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
+def find_chromium() -> str | None:
+    for candidate in ("/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(candidate)
+        if found:
+            return found
+    return None
+
+
+@contextlib.contextmanager
+def chromium_page(profile: Path | None, what: str):
+    """A headless Chromium page, closed on exit: with a fresh persistent profile in `profile`
+    (JupyterLab keeps its state there), or without one. Skips the test, with a message naming
+    `what` needs it, where Playwright or Chromium is missing (.ci/run installs Chromium)."""
+    pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed "
+                        "(pip install -r requirements-dev.txt)")
+    from playwright.sync_api import sync_playwright
+
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip(f"Chromium is not installed (Debian: apt-get install chromium); {what} needs it")
+    with sync_playwright() as pw:
+        if profile is not None:
+            context = pw.chromium.launch_persistent_context(
+                str(profile), executable_path=executable, headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT)
+            close = context.close
+            page = context.pages[0] if context.pages else context.new_page()
+        else:
+            browser = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+            close = browser.close
+            page = browser.new_page(viewport=VIEWPORT)
+        try:
+            page.set_default_timeout(60_000)
+            yield page
+        finally:
+            close()
