@@ -540,6 +540,9 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
                         "(an endless loop?)"))
                 else:
                     outcomes[index] = Outcome.CRASHED
+                    # Whether the kernel announced the cell's number before it died is a race:
+                    # the graded notebook must not depend on it (parallel equals serial).
+                    cell.execution_count = None
                     cell.outputs.append(error_output(
                         "DeadKernelError",
                         "the Python kernel died while this cell ran (os._exit, a segfault, "

@@ -172,6 +172,11 @@ class Classroom:
         from traitlets.config.loader import PyFileConfigLoader
 
         config = PyFileConfigLoader("nbgrader_config.py", path=str(self.course)).load_config()
+        root = config.CourseDirectory.get("root")
+        if root and Path(root).resolve() != self.course:
+            # nbgrader's own commands would grade there: say so rather than mix two courses
+            raise SystemExit(f"error: {self.course / 'nbgrader_config.py'} sets CourseDirectory.root to "
+                             f"{root}, not this folder: grade there (--course {root}) or fix the setting")
         config.CourseDirectory.root = str(self.course)
         if self.db_url:
             config.CourseDirectory.db_url = self.db_url
@@ -560,6 +565,16 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --jobs must be 1 or more", file=sys.stderr)
         return 2
     room = Classroom(args.course, db_url=args.db_url, settings=settings_from(args))
+    config = None
+    if args.scheduler in (None, "local"):
+        # The sandbox first: grading as root without it is refused whatever else is wrong.
+        try:
+            config = room.sandbox_config()
+        except sandbox.SandboxUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        isolation = sandbox.describe(config)
+        print(isolation, file=sys.stderr)
     names = args.assignments or room.assignments()
     unknown = sorted(set(names) - set(room.assignments()))
     if unknown:
@@ -576,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"note: took over the lock of a grade-class that is no longer running "
                   f"(pid {lock.took_over.get('pid')} on {lock.took_over.get('host')}, started "
                   f"{lock.took_over.get('started')}): a re-run grades what it left", file=sys.stderr)
-        return _run(room, args, names)
+        if config is not None:
+            _log(room, isolation)
+        return _run(room, args, names, config)
     finally:
         lock.release()
 
@@ -586,7 +603,7 @@ def _log(room: Classroom, text: str) -> None:
         log.write(f"\n{text}\n")
 
 
-def _run(room: Classroom, args, names: list[str]) -> int:
+def _run(room: Classroom, args, names: list[str], config) -> int:
     import pickle
 
     # nbgrader's own autograde says this on every submission it records (SQLAlchemy's
@@ -615,14 +632,6 @@ def _run(room: Classroom, args, names: list[str]) -> int:
             print(f"grading on the Dask cluster at {args.scheduler}: each worker checks its own sandbox "
                   "before its first submission", file=sys.stderr)
         else:
-            try:
-                config = room.sandbox_config()
-            except sandbox.SandboxUnavailable as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-            isolation = sandbox.describe(config)
-            print(isolation, file=sys.stderr)
-            _log(room, isolation)
             # One kernel, started as grading will, before any submission: a layout the sandbox
             # cannot serve stops here with one message, not with a "not graded" row per student.
             # The workers started below inherit the result (preflight.PREFLIGHT_ENV).
