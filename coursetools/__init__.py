@@ -9,7 +9,10 @@ each of its commands is a module here, grouped by whom it serves:
                   sandbox, guard and guard_kernel (tamper checks), review (static review of
                   student cells), preflight (one test kernel before the first submission)
     instructor/   classroom (make.py grade-class), nbgrader_ext (the preprocessors
-                  nbgrader_config.py installs)
+                  nbgrader_config.py installs); grade-class's parts: gradejob (a
+                  worker grades one submission), record (into the one gradebook),
+                  engines (worker processes here, or Dask), localworker and daskworker
+                  (the two kinds of worker), runguard (stop, lock, process tree)
     author/       authoring (notebook building blocks), newchapter, authorcheck, release,
                   links, cheatsheet, fixtures and fixture_groups (the fixture submissions),
                   gpu_records, nbgrader_course (a scratch nbgrader course)

@@ -33,6 +33,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
+from nbgrader.preprocessors import NbGraderPreprocessor
+
 from coursetools import layout
 
 # Config sections a worker must not take from the coordinator as they are: paths of the
@@ -84,6 +87,8 @@ class Outcome:
     assignment: str
     student: str
     executed: dict[str, str] = field(default_factory=dict)  # notebook id -> executed notebook (JSON)
+    graded: dict[str, str] = field(default_factory=dict)    # notebook id -> the final graded notebook
+    feedback: dict[str, str] = field(default_factory=dict)  # notebook id -> feedback HTML
     log: str = ""
     error: str | None = None  # nbgrader could not grade this submission (its traceback)
     seconds: float = 0.0
@@ -187,7 +192,11 @@ def _worker_config(config_bytes: bytes, root: Path):
     for trait in ("submitted_directory", "autograded_directory", "feedback_directory", "directory_structure"):
         config.CourseDirectory.pop(trait, None)
     config.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
-    config.Autograde.autograde_preprocessors = [ResilientExecute]
+    steps = list(config.Autograde.get("autograde_preprocessors", [ResilientExecute]))
+    if ResilientExecute not in steps:
+        raise RuntimeError("nbgrader_config.py's Autograde.autograde_preprocessors has no ResilientExecute")
+    steps.insert(steps.index(ResilientExecute) + 1, CaptureExecuted)
+    config.Autograde.autograde_preprocessors = steps
     config.Autograde.pre_convert_hook = None  # this worker ran the preflight before taking work
     config.Autograde.post_convert_hook = None
     config.GenerateAssignment.pre_convert_hook = None
@@ -195,6 +204,19 @@ def _worker_config(config_bytes: bytes, root: Path):
     hide = list(config.ResilientExecute.get("hide", []))
     config.ResilientExecute.hide = [*hide, str(root)]
     return config
+
+
+_EXECUTED: dict[tuple[str, str], str] = {}
+
+
+class CaptureExecuted(NbGraderPreprocessor):
+    """Right after ResilientExecute in the worker's autograde: keeps the executed notebook,
+    which goes back to the coordinator (its own nbgrader steps take over from there)."""
+
+    def preprocess(self, nb, resources):
+        info = resources["nbgrader"]
+        _EXECUTED[(info["student"], info["notebook"])] = nbformat.writes(nb)
+        return nb, resources
 
 
 def _run(app) -> dict:
@@ -251,6 +273,26 @@ def ensure_ready(config_bytes: bytes) -> float:
     return seconds
 
 
+def _feedback(config, task: Task) -> tuple[dict[str, str], str]:
+    """nbgrader's feedback of the submission just graded, from this scratch course's gradebook
+    (the coordinator uses it when its gradebook has nothing more: no manual grade, no late
+    penalty; record.Recorder checks)."""
+    from nbgrader.converters import GenerateFeedback
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+
+    feedback_config = Config(config)
+    feedback_config.HTMLExporter.template_name = "feedback"
+    coursedir = CourseDirectory(config=feedback_config)
+    coursedir.assignment_id, coursedir.student_id = task.assignment, task.student
+    app = GenerateFeedback(coursedir=coursedir, config=feedback_config)
+    app.force = True
+    result = _run(app)
+    folder = Path(config.CourseDirectory.root) / "feedback" / task.student / task.assignment
+    pages = {p.stem: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.html"))} if result["success"] else {}
+    return pages, "\n" + result.get("log", "")
+
+
 def grade(task: Task) -> Outcome:
     """Grade one submission in a scratch course; never raises for the submission's faults
     (they come back as `Outcome.error`), only for the worker's (WorkerMismatch, preflight)."""
@@ -276,15 +318,21 @@ def grade(task: Task) -> Outcome:
             coursedir.assignment_id, coursedir.student_id = task.assignment, task.student
             app = Autograde(coursedir=coursedir, config=config)
             app.force, app.create_student = True, True
+            for key in [k for k in _EXECUTED if k[0] == task.student]:
+                del _EXECUTED[key]
             result = _run(app)
             outcome.log = result.get("log", "")
             graded = root / "autograded" / task.student / task.assignment
             for path in sorted(graded.glob("*.ipynb")) if graded.is_dir() else []:
-                outcome.executed[path.stem] = path.read_text(encoding="utf-8")
+                outcome.graded[path.stem] = path.read_text(encoding="utf-8")
+                outcome.executed[path.stem] = _EXECUTED.pop((task.student, path.stem), "")
             if not result["success"]:
                 outcome.error = result.get("error") or "nbgrader autograde failed"
-            elif not outcome.executed:
+            elif not outcome.graded or not all(outcome.executed.values()):
                 outcome.error = "nbgrader wrote no graded notebook"
+            else:
+                outcome.feedback, log = _feedback(config, task)
+                outcome.log += log
         finally:
             shutil.rmtree(root, ignore_errors=True)
         outcome.seconds = time.monotonic() - start

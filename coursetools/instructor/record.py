@@ -5,9 +5,12 @@ nbgrader's own `Autograde` in this process on the instructor's course, with the 
 execution step (`ResilientExecute`) replaced by `ReplayExecute`, which hands back the
 notebook the worker executed. Everything else is nbgrader's usual work: the student and
 submission rows, timestamps, locked cells restored from the gradebook, the grades and
-comments (`SaveAutoGrades`), late penalties, the files in `autograded/`. Then nbgrader's
-`GenerateFeedback` writes that student's feedback, and the ledger (`Ledger`) notes what was
-graded from what, so that a later run can skip it (resume).
+comments (`SaveAutoGrades`), late penalties, the files in `autograded/`. Then that student's
+feedback: the page the worker made with nbgrader's `GenerateFeedback` in its scratch course
+when nothing here differs from it (the same graded notebook; no manual grade, comment or
+extra credit, no late penalty in this gradebook), otherwise nbgrader's `GenerateFeedback`
+here. Last, the ledger (`Ledger`) notes what was graded from what, so that a later run can
+skip it (resume).
 
 Only this process writes to the gradebook, one submission after another: no two writers
 meet (SQLite's "database is locked"), and a result that arrives twice is recorded once.
@@ -150,6 +153,58 @@ class Recorder:
             ReplayExecute if step is ResilientExecute else step for step in steps]
         self.config.Autograde.pre_convert_hook = None  # the workers ran the preflight
         self.log_path = log_path
+        self.feedback_from_workers = 0
+
+    def _folder(self, kind: str, outcome: Outcome) -> Path:
+        return Path(self.config.CourseDirectory.root) / kind / outcome.student / outcome.assignment
+
+    def _worker_feedback_holds(self, outcome: Outcome) -> bool:
+        """The worker's feedback is what nbgrader's generate_feedback would write here when the
+        graded notebooks are the same and the gradebook holds nothing the worker's did not:
+        no manual score, comment or extra credit, no late penalty."""
+        from nbgrader.api import Gradebook, MissingEntry
+        from nbgrader.coursedir import CourseDirectory
+
+        if not outcome.feedback or set(outcome.feedback) != set(outcome.graded):
+            return False
+        for nb_id, text in outcome.graded.items():
+            path = self._folder("autograded", outcome) / f"{nb_id}.ipynb"
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                return False
+        coursedir = CourseDirectory(config=self.config)
+        with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+            try:
+                submission = gb.find_submission(outcome.assignment, outcome.student)
+            except MissingEntry:
+                return False
+            for nb in submission.notebooks:
+                if nb.late_submission_penalty:
+                    return False
+                if any(g.manual_score is not None or g.extra_credit for g in nb.grades):
+                    return False
+                if any(c.manual_comment for c in nb.comments):
+                    return False
+        return True
+
+    def _write_feedback(self, outcome: Outcome) -> None:
+        """As nbgrader's generate_feedback --force: a fresh folder with the graded folder's
+        other files and one HTML page per notebook, readable by all (644)."""
+        import os
+        import shutil
+
+        graded, dest = self._folder("autograded", outcome), self._folder("feedback", outcome)
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for path in sorted(graded.rglob("*")):
+            if path.is_file() and path.suffix != ".ipynb":
+                target = dest / path.relative_to(graded)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, target)
+        for nb_id, html in outcome.feedback.items():
+            (dest / f"{nb_id}.html").write_text(html, encoding="utf-8")
+        for dirpath, _, filenames in os.walk(dest):
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o644)
 
     def _write_log(self, header: str, text: str) -> None:
         with open(self.log_path, "a", encoding="utf-8") as log:
@@ -180,6 +235,10 @@ class Recorder:
         self._write_log(f"$ record {outcome.assignment} {outcome.student}", log)
         if not ok or outcome.error:
             return False
+        if self._worker_feedback_holds(outcome):
+            self._write_feedback(outcome)
+            self.feedback_from_workers += 1
+            return True
         feedback_config = Config(self.config)
         feedback_config.HTMLExporter.template_name = "feedback"
         coursedir = CourseDirectory(config=feedback_config)

@@ -829,3 +829,24 @@ def test_a_rerun_skips_what_was_graded(graded_class):
     assert f"{A2}: {n2} submission(s): 0 graded now, {n2} skipped" in proc.stdout, proc.stdout
     print(f"the class ({n1 + n2} submissions, {JOBS} jobs): full run {graded_class['seconds']:.0f} s; "
           f"the same command again, nothing changed, {seconds:.0f} s")
+
+
+def test_feedback_is_what_nbgraders_generate_feedback_writes(graded_class, tmp_path):
+    """The feedback pages come from the workers (made in their scratch courses) when the
+    gradebook holds nothing more; they must be byte for byte what nbgrader's own
+    `generate_feedback` writes from the course's gradebook (chapter 02's class, and 01's
+    `correct` and `edited-test`)."""
+    import filecmp
+
+    course = graded_class["course"]
+    out = tmp_path / "feedback-by-nbgrader"
+    for name, student in [(A2, "*"), (A1, "correct"), (A1, "edited-test")]:
+        course.run("generate_feedback", name, "--force", f"--student={student}",
+                   f"--CourseDirectory.feedback_directory={out}")
+    compared = 0
+    for page in sorted(out.rglob("*")):
+        if page.is_file():
+            mine = course.root / "feedback" / page.relative_to(out)
+            assert mine.exists() and filecmp.cmp(mine, page, shallow=False), f"{mine} differs from nbgrader's {page}"
+            compared += 1
+    assert compared >= 6, compared
