@@ -11,10 +11,12 @@ release, so failing tests are part of the mix), then grades a fresh copy of it i
 alternating modes over --rounds rounds, and prints for each: the grading phase's wall time
 (grade-class's own "worked on N submission(s) in S s" line: workers, kernels and recording,
 without the start-up), submissions per minute, the whole command's wall time, the CPU time
-of every process it started per submission (the cost of a submission in core-seconds), and
+the whole machine spent per submission (/proc/stat: kernels included, which getrusage misses;
+run it on an otherwise quiet machine), how many cores were busy on average, and
 the coordinator's recording time per submission (the part that does not spread over
-workers). From the one-job cost and the two-job speed-up it prints the projected wall time for
-2,400 submissions on k machines of c cores. Nothing here asserts on time: it reports what
+workers). From the CPU cost of a submission with every core busy, and the coordinator's
+recording time, it prints the projected wall time for 2,400 submissions on k machines of c
+cores. Nothing here asserts on time: it reports what
 this machine does, and the load it ran under (`os.getloadavg`).
 
 Modes: jobs1, jobs2, jobsN (N = the default --jobs here), dask1 and dask2 (a Dask scheduler
@@ -80,18 +82,32 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _machine_busy() -> float:
+    """CPU-seconds every process of this machine has spent so far (/proc/stat: user, nice,
+    system, irq, softirq, steal). getrusage misses the sandboxed kernels (their pid
+    namespace's init is not this process's child): on a quiet machine this difference is
+    the run's real cost."""
+    try:
+        fields = open("/proc/stat").readline().split()[1:]
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def run_grade_class(course: Path, name: str, extra: list[str], env: dict | None = None) -> dict:
-    cpu0, start = _children_cpu(), time.perf_counter()
+    cpu0, busy0, start = _children_cpu(), _machine_busy(), time.perf_counter()
     proc = subprocess.run(_cmd(course, name, extra), cwd=ROOT, capture_output=True, text=True,
                           env=env or layout.env_with_course_tools())
     wall, cpu = time.perf_counter() - start, _children_cpu() - cpu0
+    busy = _machine_busy() - busy0
     if proc.returncode != 0:
         raise SystemExit(f"grade-class {' '.join(extra)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}")
     worked = re.search(r"worked on (\d+) submission\(s\) in (\d+) s .*recording ([0-9.]+) s per submission", proc.stdout)
     if not worked:
         raise SystemExit(f"no 'worked on' line in grade-class's output:\n{proc.stdout}")
     n, seconds, recording = int(worked.group(1)), float(worked.group(2)), float(worked.group(3))
-    return {"n": n, "grading_s": seconds, "wall_s": wall, "cpu_s": cpu, "record_s": recording,
+    return {"n": n, "grading_s": seconds, "wall_s": wall, "cpu_s": cpu, "busy_s": busy, "record_s": recording,
             "per_min": 60 * n / max(seconds, 1e-9), "load": os.getloadavg()[0]}
 
 
@@ -161,21 +177,23 @@ def run_resume(course: Path, name: str, students: int, jobs: int) -> dict:
 
 
 def projection(one_job: dict, two_jobs: dict | None) -> str:
-    """Wall time for CLASS submissions on k machines of c cores, from the measured one-job
-    time per submission, the two-job efficiency and the coordinator's recording time."""
-    per_sub = one_job["grading_s"] / one_job["n"]
-    efficiency = 1.0
-    if two_jobs:
-        efficiency = min(1.0, (one_job["grading_s"] / one_job["n"]) / (two_jobs["grading_s"] / two_jobs["n"]) / 2)
-    record = max(one_job["record_s"], (two_jobs or one_job)["record_s"])
-    lines = [f"projection for {CLASS:,} submissions: {per_sub:.1f} s per submission on one core, "
-             f"{efficiency:.0%} efficiency per core (measured with 2 jobs), the coordinator records "
+    """Wall time for CLASS submissions on k machines of c cores. A submission costs a fixed
+    amount of CPU (measured machine-wide with the cores kept busy: the most-jobs run), so c
+    cores grade c / cost submissions a second; the coordinator records one submission after
+    another on its own, which bounds the whole class from below."""
+    busiest = two_jobs or one_job
+    cost = busiest["busy_s"] / busiest["n"]
+    record = max(one_job["record_s"], busiest["record_s"])
+    lines = [f"projection for {CLASS:,} submissions: {cost:.1f} CPU-s per submission (every process, "
+             f"measured with {'2 jobs' if two_jobs else '1 job'}), one job alone "
+             f"{one_job['grading_s'] / one_job['n']:.1f} s per submission; the coordinator records "
              f"{record:.2f} s per submission (one process: at most {3600 / record:,.0f} an hour)",
              "| machines x cores | jobs | wall time |", "|---|---|---|"]
     for k, c in [(1, 2), (1, 8), (1, 32), (4, 8), (10, 8), (10, 32), (50, 32)]:
         jobs = k * c
-        seconds = max(CLASS * per_sub / (jobs * efficiency), CLASS * record)
-        limit = " (recording-bound)" if CLASS * record >= CLASS * per_sub / (jobs * efficiency) else ""
+        compute = CLASS * cost / jobs
+        seconds = max(compute, CLASS * record)
+        limit = " (recording-bound)" if CLASS * record >= compute else ""
         lines.append(f"| {k} x {c} | {jobs} | {seconds / 3600:.1f} h{limit} |" if seconds >= 5400
                      else f"| {k} x {c} | {jobs} | {seconds / 60:.0f} min{limit} |")
     return "\n".join(lines)
@@ -217,20 +235,24 @@ def main() -> int:
                          if mode == "resume" else "")
                 print(f"{mode:6s} round {r + 1}: {result['n']} graded in {result['grading_s']:.0f} s "
                       f"({result['per_min']:.1f}/min), command {result['wall_s']:.0f} s, "
-                      f"{result['cpu_s'] / max(result['n'], 1):.1f} CPU-s per submission, recording "
+                      f"{result['busy_s'] / max(result['n'], 1):.1f} machine CPU-s per submission "
+                      f"({result['busy_s'] / result['wall_s']:.2f} cores busy; the command's own children "
+                      f"{result['cpu_s'] / max(result['n'], 1):.1f}), recording "
                       f"{result['record_s']:.2f} s per submission, load {result['load']:.1f}{extra}", flush=True)
                 shutil.rmtree(course, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    print("\n| mode | submissions/min | grading s | command s | CPU-s per submission |")
-    print("|---|---|---|---|---|")
+    print("\n| mode | submissions/min | grading s | command s | machine CPU-s per submission | cores busy |")
+    print("|---|---|---|---|---|---|")
     summary = {}
     for mode, runs in measured.items():
         if not runs:
             continue
-        summary[mode] = {k: statistics.median(r[k] for r in runs) for k in ("n", "grading_s", "wall_s", "cpu_s", "record_s", "per_min")}
+        summary[mode] = {k: statistics.median(r[k] for r in runs)
+                         for k in ("n", "grading_s", "wall_s", "cpu_s", "busy_s", "record_s", "per_min")}
         s = summary[mode]
-        print(f"| {mode} | {s['per_min']:.1f} | {s['grading_s']:.0f} | {s['wall_s']:.0f} | {s['cpu_s'] / s['n']:.1f} |")
+        print(f"| {mode} | {s['per_min']:.1f} | {s['grading_s']:.0f} | {s['wall_s']:.0f} | "
+              f"{s['busy_s'] / s['n']:.1f} | {s['busy_s'] / s['wall_s']:.2f} |")
     if "jobs1" in summary:
         print()
         print(projection(summary["jobs1"], summary.get("jobs2")))
