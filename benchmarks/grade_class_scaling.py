@@ -44,22 +44,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from coursetools import layout, notebooks  # noqa: E402
-from coursetools.author import fixtures  # noqa: E402
-from coursetools.author.nbgrader_course import NbgraderCourse  # noqa: E402
+from coursetools import layout  # noqa: E402
 from coursetools.grading import sandbox  # noqa: E402
 from coursetools.instructor import engines  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grading_throughput  # noqa: E402  (benchmarks/grading_throughput.py)
+
 CLASS = 2400  # submissions: 300 students, 8 assignments
-
-
-def build(root: Path, name: str, students: int) -> Path:
-    course = NbgraderCourse(root, [name])
-    solved = fixtures.solved_release(name)
-    blank = notebooks.read(layout.release_notebook(name))
-    for i in range(students):
-        course.submit(f"s{i:03d}", name, blank if i % 4 == 3 else solved)
-    return course.root
 
 
 def copy_course(base: Path, dest: Path) -> Path:
@@ -212,7 +204,8 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="grade-class-scaling-"))
     print(f"{args.students} submissions of {args.assignment}; {engines.usable_cores()} usable cores, "
           f"default --jobs {n_jobs}; load before: {os.getloadavg()[0]:.1f}", flush=True)
-    base = build(scratch / "base", args.assignment, args.students)
+    # the class grading_throughput.py grades: reference answers, every fourth the untouched release
+    base = grading_throughput.build(scratch / "base", args.assignment, args.students).root
     measured: dict[str, list[dict]] = {m: [] for m in modes}
     try:
         for r in range(args.rounds):
