@@ -1,7 +1,7 @@
 """A long grading run survives interruption (issue 28): stop it with each signal, start it again.
 
-Four students hand in chapter 02 (the smallest exercise). `grade-class --jobs 1` is stopped
-with SIGINT after its first submission is recorded, the re-run with SIGTERM after one more,
+Four students hand in chapter 02 (the smallest exercise). `python3 make.py grade-class --jobs 1`
+(README's command) is stopped with SIGINT after its first submission is recorded, the re-run with SIGTERM after one more,
 the next with SIGHUP after one more; the last run grades only the fourth. After each stop:
 the exit status is 128 + the signal, no process grade-class started is left (workers,
 kernels, sandboxes), the gradebook holds every recorded submission in full and nothing of the
@@ -35,9 +35,12 @@ def _total(name=A):
     return sum(notebooks.points(c) for c in notebooks.test_cells(notebooks.read(layout.source_notebook(name))))
 
 
-def _cmd(course, *extra):
-    cmd = [sys.executable, "-m", "coursetools.instructor.classroom", A, "--course", str(course.root),
-           "--timeout", "120", *extra]
+def _cmd(course, *extra, via_make=False):
+    """grade-class's command line; `via_make`: as README gives it, `make.py grade-class`
+    (make.py becomes grade-class, so the signal sent to the pid the shell started arrives)."""
+    start = ([sys.executable, str(layout.ROOT / "make.py"), "grade-class"] if via_make
+             else [sys.executable, "-m", "coursetools.instructor.classroom"])
+    cmd = [*start, A, "--course", str(course.root), "--timeout", "120", *extra]
     if not SANDBOXED:  # as root, grade-class refuses to run kernels unsandboxed unless asked
         cmd.append("--unsandboxed-as-root")
     return cmd
@@ -153,7 +156,8 @@ def test_stopped_with_each_signal_then_resumed_to_the_same_grades(course):
     students = sorted(expected)
     for step, sig in enumerate((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), start=1):
         before = _ledger(course)
-        run = Watched(_cmd(course, "--jobs", "1"))
+        # The first as an instructor's Ctrl-C on README's command; the others on grade-class itself.
+        run = Watched(_cmd(course, "--jobs", "1", via_make=step == 1))
         run.wait_until(lambda: len(_ledger(course)) >= step, 600, f"submission {step} being recorded")
         if step == 1:  # while it works, a second grade-class on the same course is refused
             second = subprocess.run(_cmd(course), cwd=layout.ROOT, env=layout.env_with_course_tools(),
