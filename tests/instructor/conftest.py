@@ -35,8 +35,9 @@ def postgres_url():
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql): cannot test a server gradebook")
     pytest.importorskip("psycopg2", reason="psycopg2-binary (requirements-dev.txt) is not installed")
     # Not under pytest's tmp_path: its parents are private to root, and the server may run
-    # as another user.
-    data = Path(tempfile.mkdtemp(prefix="course-pg-"))
+    # as another user. For the same reason, as root not under TMPDIR either (Slurm and
+    # systemd's PrivateTmp make it a folder only root may enter): /tmp, which anyone may cross.
+    data = Path(tempfile.mkdtemp(prefix="course-pg-", dir="/tmp" if os.geteuid() == 0 else None))
     run_as = []
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root: use its own system user
         if shutil.which("runuser") is None or subprocess.run(["id", "postgres"], capture_output=True).returncode:
