@@ -699,6 +699,10 @@ def _run(room: Classroom, args, names: list[str], config) -> int:
     room.export(csv_path, results)
     print(summary_table(results))
     report = grading_report(plans, run or RunLog(), jobs_label)
+    if getattr(engine, "restarts", 0):  # LocalEngine's; Dask reschedules on its own
+        report.append(f"{engine.restarts} worker process(es) died while grading (killed, out of memory) and "
+                      f"were replaced; each submission one held was graded again, up to "
+                      f"{engines.MAX_ATTEMPTS} times")
     print("\n".join(report))
     _log(room, "\n".join(report))
     print(f"grades: {csv_path}   feedback: {room.course / 'feedback'}   log: {room.log_path}")

@@ -255,7 +255,6 @@ class DaskEngine:
         self.log_path = log_path
         self.stopping = threading.Event()
         self.ready: list[str] = []
-        self.restarts = 0
 
     def stop(self) -> None:
         self.stopping.set()

@@ -201,3 +201,52 @@ def test_stopped_with_each_signal_then_resumed_to_the_same_grades(course):
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{len(students)} graded now" in again.stdout and "source changed since 4 of them" in again.stdout, again.stdout
     assert _scores(course, students) == expected
+
+
+# Five worker starts with --jobs 1 on the smallest exercise: about a minute on the quiet 2-core machine.
+@pytest.mark.timeout(900, method="thread")
+def test_a_killed_worker_is_replaced_and_a_submission_is_given_up_after_three(course):
+    """A grading worker of this machine dies (SIGKILL, as the out-of-memory killer would) while
+    its kernel runs: a new worker grades that submission again. The first submission's worker is
+    killed three times (engines.MAX_ATTEMPTS): it is reported NOT GRADED and not retried forever;
+    the fourth kill falls on the next submission, which the next worker grades. Every other
+    submission is graded once, with the grade it must get; the summary says how many workers died."""
+    import psutil
+
+    from coursetools.instructor import engines
+
+    course, expected = course
+    students = sorted(expected)
+    run = Watched(_cmd(course, "--jobs", "1"))
+    kills, deadline = 0, time.monotonic() + 600
+    while kills < engines.MAX_ATTEMPTS + 1 and run.proc.poll() is None and time.monotonic() < deadline:
+        run.note()
+        for child in run.root.children(recursive=True):
+            try:
+                if "coursetools.instructor.localworker" not in " ".join(child.cmdline()):
+                    continue
+                busy = any("ipykernel" in " ".join(k.cmdline()) for k in child.children(recursive=True))
+            except psutil.Error:
+                continue
+            if busy:  # a kernel of this worker runs: the worker is in the middle of a submission
+                child.kill()
+                child.wait(30)
+                kills += 1
+                break
+        time.sleep(0.1)
+    try:
+        out, err = run.proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        run.proc.kill()
+        pytest.fail("grade-class did not finish within 600 s of the last kill")
+    assert kills == engines.MAX_ATTEMPTS + 1, (kills, out, err[-3000:])
+    assert run.proc.returncode == 1, (run.proc.returncode, err[-3000:])  # one submission not graded
+    lost = students[0]
+    assert f"{engines.MAX_ATTEMPTS + 1} worker process(es) died while grading" in out, out
+    row = next(line for line in out.splitlines() if line.startswith(lost))
+    assert "not graded" in row and f"its worker died {engines.MAX_ATTEMPTS} times" in row, row
+    ledger = _consistent(course, students)
+    assert set(ledger) == set(students[1:]), ledger
+    assert _scores(course, students[1:]) == {s: expected[s] for s in students[1:]}
+    assert not run.left_running(), run.left_running()
+    print(f"{kills} workers killed: {lost} reported after {engines.MAX_ATTEMPTS}, the rest graded once")
