@@ -95,6 +95,7 @@ def test_a_dask_cluster_grades_into_postgresql_with_a_worker_killed(tmp_path, po
     for student, (nb, _) in submissions.items():
         course.submit(student, A, nb)
     cluster = Cluster(tmp_path, workers=2)
+    grade = None
     try:
         client = cluster.client()
         client.wait_for_workers(2, timeout=300)  # each one passed its preflight (preload)
@@ -135,6 +136,9 @@ def test_a_dask_cluster_grades_into_postgresql_with_a_worker_killed(tmp_path, po
               f"those on the other worker; scores {scores}")
         client.close()
     finally:
+        if grade is not None and grade.poll() is None:  # a failed assertion: leave no grade-class behind
+            grade.kill()
+            grade.communicate(timeout=60)
         cluster.stop()
 
 
