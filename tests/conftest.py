@@ -18,7 +18,7 @@ for _path in (ROOT, ROOT / "tests"):
 # share one kernel) or a class (each grading shard is one); the longest go first so that no
 # worker is left with one at the end), then notebooks (nbval) and the rest.
 _ORDER = ["test_repo", "test_notebooks_static", "test_fixture_groups", "test_release", "test_classroom",
-          "test_grading", "test_standalone", "test_site", "test_layouts", "test_selfcheck",
+          "test_grading", "test_verdicts_under_load", "test_standalone", "test_site", "test_layouts", "test_selfcheck",
           "test_postgres_gradebook", "test_browser",
           "test_sandbox", "test_forgery", "test_lab", "test_tooling"]
 
@@ -80,6 +80,7 @@ _STARTED = time.time()
 _SUMMARY_FILES = {
     "grade-class on the simulated class (tests/instructor/test_classroom.py)": "grade-class-summary.txt",
     "notebook run times (stand-alone, deprecations as errors)": "notebook-times.txt",
+    "measuring cells' verdicts under load (tests/evidence/test_verdicts_under_load.py)": "verdicts-under-load.txt",
     "GPU records in the lessons (tests/author/test_gpu_records.py)": "gpu-record-coverage.txt",
     "the Chinese edition's translation coverage (tests/publish/test_i18n.py)": "i18n-coverage.txt",
 }

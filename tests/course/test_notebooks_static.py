@@ -5,6 +5,7 @@ limited to what Colab ships, no network, and exercises built to be graded fairly
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import Counter
 
@@ -12,6 +13,7 @@ import pytest
 
 from coursetools.author import authoring, fixtures, helpers_cell
 from coursetools import layout, notebooks
+from coursetools.evidence import verdicts
 
 ROOT = layout.ROOT
 NOTEBOOKS = layout.all_notebooks()
@@ -206,3 +208,32 @@ def test_relative_links_point_at_existing_files(path):
     if path.parent == layout.COURSE_DIR and path.stem in ASSIGNMENTS:
         exercise = f"../exercises/{path.stem}/{path.stem}.ipynb"
         assert exercise in links, f"lesson {path.name} does not link to its exercise {exercise}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_measuring_cells_use_the_one_verdict(path):
+    """A cell that concludes from a timing carries the tag `verdict` and prints through the
+    course's `verdict` helper; the notebook defining it has the canonical `interleaved` and
+    `verdict`, byte for byte as coursetools/evidence/verdicts.py's HELPER_SOURCE (normalised by
+    ast), so that every lesson concludes by the same rule, the one the load test checks."""
+    nb = notebooks.read(path)
+    defined: dict[str, str] = {}
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            defined.update(verdicts.helper_defs(cell.source))
+    tagged = [i for i, c in enumerate(nb.cells) if verdicts.TAG in c.get("metadata", {}).get("tags", [])]
+    for name, source in defined.items():
+        assert source == verdicts.CANONICAL[name], (
+            f"{name}() differs from coursetools/evidence/verdicts.py's HELPER_SOURCE: copy it byte for byte")
+    if tagged:
+        assert set(defined) == set(verdicts.HELPER_NAMES), (
+            f"cells {tagged} are tagged {verdicts.TAG!r} but the notebook does not define "
+            f"{sorted(set(verdicts.HELPER_NAMES) - set(defined))} (copy HELPER_SOURCE into its tools cell)")
+    for i in tagged:
+        cell = nb.cells[i]
+        assert cell.cell_type == "code" and "verdict(" in cell.source, (
+            f"cell {i} is tagged {verdicts.TAG!r} but calls no verdict(): it must print its conclusion through it")
+    untagged = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in tagged
+                and "def verdict" not in c.source
+                and re.search(r"(?<![\w.])verdict\(", c.source)]
+    assert not untagged, f"cells {untagged} call verdict() without the tag {verdicts.TAG!r}: the load test would skip them"
