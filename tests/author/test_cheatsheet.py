@@ -227,3 +227,65 @@ def test_magics_and_recorded_gpu_blocks_change_nothing(copy):
     assert not result.problems, result.problems
     assert "§99" not in result.outputs[copy / cheatsheet.SHEET]
     assert cheatsheet.out_of_sync(result) == []
+
+
+# ---- the error index points only to chapters that show the message (issue 31, item 14) ----
+
+def _chapter_text(root, chapter):
+    """Every cell's source (markdown, code, comments) of every part of a chapter, whitespace
+    collapsed; chapter 08's INDEX cell and the table generated from it are left out, since they
+    hold every message of the index whatever the lessons say."""
+    import re
+
+    parts = []
+    for path in layout.lessons(root):
+        if path.name[:2] != chapter:
+            continue
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            source = text(cell)
+            if cheatsheet.TABLE_START in source or re.search(rf"^{cheatsheet.INDEX_NAME} = \[", source, re.M):
+                continue
+            parts.append(source)
+    return " ".join(" ".join(parts).split())
+
+
+def index_rows_without_their_message(root):
+    """(message, chapter) for every INDEX row whose chapter's text does not contain the row's message:
+    its pattern (or the message itself, when the row has none), searched case-insensitively."""
+    import re
+
+    texts: dict[str, str] = {}
+    missing = []
+    for row in cheatsheet.read_index(root / "course" / f"{cheatsheet.INDEX_CHAPTER}.ipynb"):
+        for chapter in row.chapters:
+            if chapter not in texts:
+                texts[chapter] = _chapter_text(root, chapter)
+            if not re.search(row.pattern or re.escape(row.message), texts[chapter], re.IGNORECASE):
+                missing.append((row.message, chapter))
+    return missing
+
+
+def test_every_index_row_points_to_chapters_that_show_its_message():
+    """A learner sent to a chapter by the error index must find the message there: in its text, a
+    code cell that raises and asserts on it, or a comment quoting it (all parts of the chapter)."""
+    missing = index_rows_without_their_message(ROOT)
+    assert not missing, ("08's INDEX sends readers to chapters whose notebooks never show the message "
+                         "(point the row at the chapters that do, or add the message, with its proof, "
+                         "to the lesson): " + "; ".join(f"{m!r} -> {ch}" for m, ch in missing))
+
+
+def test_the_index_check_catches_a_row_pointing_to_the_wrong_chapter(copy):
+    """The check above fails on the index as it was before issue 31 (three rows pointing to chapters
+    that never mention their message), here re-created on a copy."""
+    def old_pointers(cells):
+        cell = next(c for c in cells if text(c).startswith("# The error index"))
+        source = text(cell).replace(
+            '"Cannot copy out of meta tensor", ["00"]', '"Cannot copy out of meta tensor", ["04"]').replace(
+            '"Placeholder storage has not been allocated on MPS",\n     ["08"]',
+            '"Placeholder storage has not been allocated on MPS",\n     ["01", "08"]')
+        assert source != text(cell)
+        cell["source"] = source
+    edit(copy / "course" / "08_troubleshooting.ipynb", old_pointers)
+    missing = index_rows_without_their_message(copy)
+    assert ("Cannot copy out of meta tensor; no data!", "04") in missing
+    assert ("Placeholder storage has not been allocated on MPS device!", "01") in missing
