@@ -97,7 +97,10 @@ def test_verdicts_follow_from_the_figures_under_load(path, cpu_load, report, tmp
     tagged = [i for i, c in enumerate(nb.cells) if verdicts.TAG in c.get("metadata", {}).get("tags", [])]
     private_tmp = tmp_path / "kernel-tmp"
     private_tmp.mkdir(mode=0o700)
-    env = {**os.environ, "TMPDIR": str(private_tmp), "TMP": str(private_tmp), "TEMP": str(private_tmp)}
+    # PyTorch's own compile cache (torchinductor_<user>, made by the first meta op or dispatch mode,
+    # torch/_inductor/runtime/cache_dir_utils.py) is PyTorch's to keep, not a lesson's leftover.
+    env = {**os.environ, "TMPDIR": str(private_tmp), "TMP": str(private_tmp), "TEMP": str(private_tmp),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     result = standalone.run_notebook(nb, tmp_path / "run", filename=path.name, timeout=CELL_TIMEOUT_S,
                                      kernel_env=env, strict=False)  # strict: the Colab harness
