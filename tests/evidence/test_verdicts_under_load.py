@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,11 +107,14 @@ def test_some_lessons_measure():
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
-def test_verdicts_follow_from_the_figures_under_load(path, cpu_load, report, tmp_path):
+def test_verdicts_follow_from_the_figures_under_load(path, cpu_load, report, tmp_path, request):
     nb = notebooks.read(path)
     tagged = [i for i, c in enumerate(nb.cells) if verdicts.TAG in c.get("metadata", {}).get("tags", [])]
-    private_tmp = tmp_path / "kernel-tmp"
-    private_tmp.mkdir(mode=0o700)
+    # Short, as a learner's TMPDIR is: a DataLoader's workers share tensors through a Unix socket
+    # made in TMPDIR, and under pytest's deep tmp_path its path passed the 108 bytes AF_UNIX allows
+    # ("OSError: AF_UNIX path too long" in the workers, and the loader waited for them for ever).
+    private_tmp = Path(tempfile.mkdtemp(prefix="course-vt-", dir="/tmp" if os.access("/tmp", os.W_OK) else None))
+    request.addfinalizer(lambda: shutil.rmtree(private_tmp, ignore_errors=True))
     # PyTorch's own compile cache (torchinductor_<user>, made by the first meta op or dispatch mode,
     # torch/_inductor/runtime/cache_dir_utils.py) is PyTorch's to keep, not a lesson's leftover.
     env = {**os.environ, "TMPDIR": str(private_tmp), "TMP": str(private_tmp), "TEMP": str(private_tmp),
