@@ -1,0 +1,341 @@
+"""The kernel's side of remote grading: run what the grader asks, report plain data.
+
+Sent to the kernel as source by coursetools.grading.remote (never imported there from the
+course folder, which the sandbox hides). It knows no test: the grader runs every test in its
+own process and asks this agent, one operation at a time, to look up a name, get or set an
+attribute, call a function, iterate, compare, enter or leave a context manager. Each
+answer is plain data (JSON): numbers, strings, devices, dtypes, shapes, containers of
+them, an exception as its type names and message, and for any other object a numbered
+reference the grader can ask about next. No object crosses as an object.
+
+Transport: the grader sends one execute request per test cell, whose code calls
+`serve()`; the agent then reads operations with `input()` (the kernel protocol's stdin
+channel) and writes each answer as the prompt of the next `input()`. A function of the
+grader's that the student's code must call (a factory, a hook) arrives as a stub: calling it
+sends a `callback` answer, and the agent serves the grader's operations until the grader
+says `return` or `raise`.
+
+Student code can replace anything here: such tampering can only change what the grader
+observes, never what it expects (hidden tests, their expected values and their messages never
+reach the kernel), and the static review flags code that reaches for this agent.
+"""
+
+import builtins as _builtins
+import json as _json
+import operator as _operator
+import sys as _sys
+
+_MAX_TEXT = 200_000  # characters of one string answer
+_MAX_ITEMS = 10_000  # items of one container answer
+_BUILTINS = {name: getattr(_builtins, name) for name in (
+    "len", "iter", "next", "repr", "str", "format", "bool", "hash", "int", "float", "complex",
+    "isinstance", "issubclass", "list", "tuple", "dict", "set", "sorted", "dir", "type",
+    "callable", "hasattr", "getattr", "abs", "round", "min", "max", "sum", "any", "all",
+    "reversed", "enumerate", "zip", "id", "vars", "divmod", "pow")}
+_OPERATORS = {name for name in dir(_operator) if not name.startswith("_")}
+
+
+class _GraderIterator:
+    """A generator of the grader's: each item is asked for when the kernel's code wants it."""
+
+    def __init__(self, next_item):
+        self.next_item = next_item
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.next_item()
+
+
+class _StandIn:
+    """An object of the grader's (a sentinel) as the kernel sees it."""
+
+
+class _Held:
+    def __init__(self, value):
+        self.value = value
+
+
+class Agent:
+    def __init__(self, namespace):
+        self.ns = namespace
+        self.refs = {}
+        self.ids = {}
+        self.next_ref = 1
+        self.stubs = {}
+        self.input = None
+
+    # -- encoding (kernel -> grader) ---------------------------------------------------------
+    def ref(self, value):
+        key = id(value)
+        found = self.ids.get(key)
+        if found is not None and self.refs.get(found) is value:
+            return found
+        number = self.next_ref
+        self.next_ref += 1
+        self.refs[number] = value
+        self.ids[key] = number
+        return number
+
+    def kind(self, value):
+        torch = _sys.modules.get("torch")
+        kind = type(value)
+        if kind in (list, dict, set, frozenset):
+            return kind.__name__
+        if torch is not None:
+            if isinstance(value, torch.Tensor):
+                return "tensor"
+        if isinstance(value, type(_sys)):
+            return "module"
+        if isinstance(value, type):
+            return "class"
+        return "object"
+
+    def enc(self, value, depth=0):
+        if type(value) is _Held:
+            value = value.value
+            return {"$": "ref", "id": self.ref(value), "kind": "object", "type": type(value).__name__}
+        kind = type(value)
+        if value is None or kind is bool:
+            return value
+        if kind is str:
+            return value if len(value) <= _MAX_TEXT else value[:_MAX_TEXT] + "[... cut]"
+        if kind is int:
+            return value if abs(value) < 2 ** 53 else {"$": "int", "v": str(value)}
+        if kind is float:
+            return value if value == value and value not in (float("inf"), float("-inf")) \
+                else {"$": "float", "v": repr(value)}
+        if kind is tuple and depth < 8 and len(value) <= _MAX_ITEMS:
+            return {"$": "tuple", "v": [self.enc(v, depth + 1) for v in value]}
+        if kind is bytes:
+            return {"$": "bytes", "v": value[:_MAX_TEXT].hex()}
+        if value is Ellipsis:
+            return {"$": "ellipsis"}
+        if kind is slice:
+            return {"$": "slice", "v": [self.enc(value.start), self.enc(value.stop), self.enc(value.step)]}
+        torch = _sys.modules.get("torch")
+        if torch is not None:
+            if kind is torch.device:
+                return {"$": "device", "v": str(value)}
+            if kind is torch.dtype:
+                return {"$": "dtype", "v": str(value).replace("torch.", "")}
+            if kind is torch.Size:
+                return {"$": "size", "v": [int(v) for v in value]}
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return {"$": "excclass", "id": self.ref(value), "name": value.__name__,
+                    "module": str(getattr(value, "__module__", "")),
+                    "mro": [c.__name__ for c in value.__mro__ if c.__module__ == "builtins"]}
+        return {"$": "ref", "id": self.ref(value), "kind": self.kind(value),
+                "type": type(value).__name__}
+
+    def enc_exc(self, exc):
+        kind = type(exc)
+        try:
+            message = str(exc)
+        except BaseException:
+            message = "<the exception's message could not be read>"
+        args = []
+        for a in getattr(exc, "args", ())[:8]:
+            args.append(a if type(a) in (str, int, float, bool) or a is None else str(a)[:_MAX_TEXT])
+        return {"type": kind.__name__, "module": str(getattr(kind, "__module__", "")),
+                "mro": [c.__name__ for c in kind.__mro__ if c.__module__ == "builtins"],
+                "message": message[:_MAX_TEXT], "args": args, "id": self.ref(exc),
+                "class": self.ref(kind)}
+
+    # -- decoding (grader -> kernel) ---------------------------------------------------------
+    def dec(self, value):
+        if not isinstance(value, dict):
+            if isinstance(value, list):
+                return [self.dec(v) for v in value]
+            return value
+        tag = value.get("$")
+        if tag == "ref" or tag == "excclass":
+            return self.refs[value["id"]]
+        if tag == "tuple":
+            return tuple(self.dec(v) for v in value["v"])
+        if tag == "list":
+            return [self.dec(v) for v in value["v"]]
+        if tag == "set":
+            return {self.dec(v) for v in value["v"]}
+        if tag == "frozenset":
+            return frozenset(self.dec(v) for v in value["v"])
+        if tag == "dict":
+            return {self.dec(k): self.dec(v) for k, v in value["v"]}
+        if tag == "int":
+            return int(value["v"])
+        if tag == "float":
+            return float(value["v"])
+        if tag == "bytes":
+            return bytes.fromhex(value["v"])
+        if tag == "ellipsis":
+            return Ellipsis
+        if tag == "slice":
+            return slice(*(self.dec(v) for v in value["v"]))
+        if tag == "range":
+            return range(*value["v"])
+        if tag == "device":
+            return _sys.modules["torch"].device(value["v"])
+        if tag == "dtype":
+            return getattr(_sys.modules["torch"], value["v"])
+        if tag == "size":
+            return _sys.modules["torch"].Size(value["v"])
+        if tag == "tensor":
+            torch = _sys.modules["torch"]
+            dtype = getattr(torch, value["dtype"])
+            if value["values"] is None:
+                return torch.empty(value["shape"], dtype=dtype, device=value["device"])
+            return torch.tensor(value["values"], dtype=dtype).reshape(value["shape"]).to(value["device"])
+        if tag == "builtin":
+            return getattr(_builtins, value["v"])
+        if tag == "iter":
+            return _GraderIterator(self.stub(value["id"], "next"))
+        if tag == "cb":
+            return self.stub(value["id"], value.get("name", "callback"))
+        raise ValueError(f"unknown value from the grader: {tag!r}")
+
+    def stub(self, number, name):
+        found = self.stubs.get(number)
+        if found is not None:
+            return found
+        agent = self
+
+        def callback(*args, **kwargs):
+            return agent.call_back(number, args, kwargs)
+
+        callback.__name__ = callback.__qualname__ = str(name)
+        self.stubs[number] = callback
+        return callback
+
+    def call_back(self, number, args, kwargs):
+        answer = {"callback": {"id": number, "a": [self.enc(a) for a in args],
+                               "k": {str(k): self.enc(v) for k, v in kwargs.items()}}}
+        while True:
+            op = self.receive(answer)
+            if op["op"] == "return":
+                return self.dec(op["v"])
+            if op["op"] == "raise":
+                raise self.grader_exception(op)
+            answer = self.handle(op)
+
+    def grader_exception(self, op):
+        if op.get("id") is not None:
+            return self.refs[op["id"]]
+        kind = getattr(_builtins, op.get("type", "Exception"), None)
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            kind = Exception
+        return kind()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def receive(self, answer):
+        return _json.loads(self.input(_json.dumps(answer)))
+
+    def serve(self):
+        self.input = _builtins.input  # the kernel's raw_input for this request
+        answer = {"ready": True}
+        while True:
+            op = self.receive(answer)
+            if op["op"] == "done":
+                return
+            answer = self.handle(op)
+
+    def handle(self, op):
+        try:
+            if op["op"] == "materialize":
+                return {"ok": {"$": "raw", "v": self.materialize(self.dec(op["o"]))}}
+            return {"ok": self.enc(self.perform(op))}
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            return {"raised": self.enc_exc(exc)}
+
+    def perform(self, op):
+        kind = op["op"]
+        dec = self.dec
+        if kind == "lookup":
+            return tuple(n for n in op["names"] if n in self.ns)
+        if kind == "global":
+            try:
+                return self.ns[op["name"]]
+            except KeyError:
+                raise NameError(f"name {op['name']!r} is not defined") from None
+        if kind == "hold":  # a value the grader sent, kept here as an object (answered by reference)
+            return _Held(dec(op["v"]))
+        if kind == "stand_in":
+            return _StandIn()
+        if kind == "builtin_object":
+            return getattr(_builtins, op["name"])
+        if kind == "import":
+            return __import__("importlib").import_module(op["name"])
+        if kind == "getattr":
+            return getattr(dec(op["o"]), op["name"])
+        if kind == "setattr":
+            return setattr(dec(op["o"]), op["name"], dec(op["v"]))
+        if kind == "delattr":
+            return delattr(dec(op["o"]), op["name"])
+        if kind == "call":
+            args = [dec(a) for a in op.get("a", [])]
+            kwargs = {k: dec(v) for k, v in op.get("k", {}).items()}
+            return dec(op["f"])(*args, **kwargs)
+        if kind == "operator":
+            if op["name"] not in _OPERATORS:
+                raise ValueError(f"no operator {op['name']!r}")
+            return getattr(_operator, op["name"])(*(dec(a) for a in op["a"]))
+        if kind == "builtin":
+            fn = _BUILTINS[op["name"]]
+            return fn(*(dec(a) for a in op.get("a", [])), **{k: dec(v) for k, v in op.get("k", {}).items()})
+        if kind == "items":  # the items of a container, in one answer
+            value = dec(op["o"])
+            items = list(value)
+            if len(items) > _MAX_ITEMS:
+                raise ValueError(f"more than {_MAX_ITEMS} items")
+            return tuple(items)
+        if kind == "enter":
+            manager = dec(op["o"])
+            return type(manager).__enter__(manager)
+        if kind == "exit":
+            manager = dec(op["o"])
+            exc = dec(op["e"]) if op.get("e") is not None else None
+            return type(manager).__exit__(manager, type(exc) if exc is not None else None, exc,
+                                          exc.__traceback__ if exc is not None else None)
+        if kind == "super":
+            return getattr(super(dec(op["cls"]), dec(op["self"])), op["name"])
+        if kind == "mkclass":
+            namespace = {k: dec(v) for k, v in op["attrs"].items()}
+            for name, number in op["methods"].items():
+                namespace[name] = self.stub(number, name)
+            namespace["__module__"] = "__main__"
+            namespace["__qualname__"] = op["name"]
+            bases = tuple(dec(b) for b in op["bases"])
+            return type(bases[0] if bases else object)(op["name"], bases, namespace)
+        if kind == "forget":
+            for number in op["ids"]:
+                value = self.refs.pop(number, None)
+                if value is not None and self.ids.get(id(value)) == number:
+                    del self.ids[id(value)]
+            return None
+        raise ValueError(f"unknown operation {kind!r}")
+
+    def materialize(self, tensor):
+        torch = _sys.modules["torch"]
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"expected a tensor, got {type(tensor).__name__}")
+        plain = torch.Tensor._make_subclass(torch.Tensor, tensor.detach()) \
+            if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter) else tensor.detach()
+        if plain.numel() > 5_000_000:
+            raise ValueError("tensor too large to compare")
+        device = str(plain.device)
+        values = None
+        if plain.device.type != "meta":
+            values = plain.to("cpu").tolist() if plain.dtype != torch.bfloat16 else plain.float().to("cpu").tolist()
+        return {"dtype": str(plain.dtype).replace("torch.", ""), "shape": [int(s) for s in plain.shape],
+                "device": device, "values": values, "requires_grad": bool(tensor.requires_grad),
+                "layout": str(plain.layout)}
+
+
+def install(namespace):
+    agent = Agent(namespace)
+    module = type(_sys)("__course_agent__")
+    module.serve = agent.serve
+    _sys.modules["__course_agent__"] = module
+    return agent
