@@ -6,7 +6,7 @@ each of its commands is a module here, grouped by whom it serves:
                                   writing notebooks, reading the code of a cell
     learner/      lab (make.py lab), selfcheck (make.py check)
     grading/      the grading engine, one for the self-check and the classroom: execute,
-                  sandbox, guard and guard_kernel (tamper checks), review (static review of
+                  sandbox, remote and agent_kernel (tests in the grader, the kernel answers), guard (redaction), review (static review of
                   student cells), preflight (one test kernel before the first submission)
     instructor/   classroom (make.py grade-class), nbgrader_ext (the preprocessors
                   nbgrader_config.py installs); grade-class's parts: gradejob (a

@@ -224,3 +224,99 @@ print("SYMLINK", os.path.exists({SYMLINK_NAME!r}))
 if os.path.exists({SYMLINK_NAME!r}):
     print(base64.b64encode(open({SYMLINK_NAME!r}, "rb").read()).decode())
 '''
+
+
+# -- Issue 32 (round 3): written against the in-kernel guard of issue 22, which none of them
+# tripped. Under remote grading each must score only what its answers earn, and leak nothing.
+
+# 8. Blank answers; closures of everything course-made in the kernel read with the standard
+# library's inspect helpers (plain literal names), an AST transformer that wraps each later cell
+# in try/except, and every function found that takes a `verify`/`run`-like role replaced by one
+# that says yes. The answer `f` returns what the tests would call "passed" if the checks ran here.
+INSPECT_CLOSURES = '''
+import ast, inspect, sys
+_found = []
+for _name, _module in list(sys.modules.items()):
+    if _name.startswith("__course") or _name.startswith("<grader"):
+        for _attr, _value in inspect.getmembers(_module):
+            if inspect.ismethod(_value) or inspect.isfunction(_value):
+                _found.append((_attr, inspect.getclosurevars(_value)))
+class _Swallow(ast.NodeTransformer):
+    def visit_Module(self, node):
+        wrapped = ast.Try(body=node.body, handlers=[ast.ExceptHandler(type=None, name=None, body=[ast.Pass()])],
+                          orelse=[], finalbody=[])
+        node.body = [wrapped]
+        return ast.fix_missing_locations(node)
+get_ipython().ast_transformers.append(_Swallow())
+print("found", len(_found))
+'''
+
+# 9. The same search through string.Formatter's field lookup (no attribute names in the code).
+FORMATTER_FIELDS = '''
+import string, sys
+_fmt = string.Formatter()
+_agent = sys.modules.get("__course_agent__")
+_seen = []
+if _agent is not None:
+    _serve, _ = _fmt.get_field("0.serve", (_agent,), {})
+    _cells, _ = _fmt.get_field("0.__self__.refs", (_serve,), {})
+    _seen.append(len(_cells))
+print("seen", _seen)
+'''
+
+# 10. A property added to torch.Tensor through an alias, which makes every tensor report the
+# device the tests expect (`meta`), whatever it is on.
+TENSOR_PROPERTY_ALIAS = '''
+import torch as _t
+_T = _t.Tensor
+_real_device = _T.device
+setattr(_T, "is_meta", property(lambda self: True))
+'''
+
+# 11. The spoofing device class of round 1, built with type() and functools.partial (no class
+# body): claims to be torch.device, equals every device, prints as the one expected.
+SPOOF_DEVICE = '''
+import functools, operator
+_Spoof = type("device", (), {"__eq__": lambda self, other: True, "__ne__": lambda self, other: False,
+                             "__hash__": lambda self: 0, "__repr__": lambda self: "device(type='cuda', index=0)",
+                             "__class__": property(functools.partial(operator.getitem, [torch.device], 0)),
+                             "type": "cuda", "index": 0})
+def f():
+    return _Spoof()
+'''
+
+# 12. The calling test's frame taken from an exception's __traceback__, its constants read with
+# inspect.getmembers, and printed by a later cell in base64 and hex.
+TRACEBACK_FRAMES = '''
+import base64, inspect
+_stolen = []
+def f():
+    try:
+        raise RuntimeError
+    except RuntimeError as exc:
+        frame = exc.__traceback__.tb_frame
+        while frame is not None:
+            for _name, value in inspect.getmembers(frame.f_code):
+                if isinstance(value, tuple):
+                    _stolen.extend(str(v) for v in value if isinstance(v, str))
+            _stolen.extend(str(v) for v in frame.f_locals.values() if isinstance(v, str))
+            frame = frame.f_back
+    return 3
+'''
+TRACEBACK_PRINT = '''
+import base64
+_text = "\\n".join(_stolen)
+print(base64.b64encode(_text.encode()).decode())
+print(_text.encode().hex())
+print(_text)
+'''
+
+# 13. Strings as HTML character references with zero-width spaces, drawn in a PNG, and a
+# remote image in a Markdown output (a tracking pixel whoever opens the feedback loads).
+HTML_ENTITIES = '''
+from IPython.display import HTML, Markdown, display
+_secret = "secret_hidden_message"
+display(HTML("".join(f"&#{ord(c)};&#8203;" for c in _secret)))
+display(Markdown("![pixel](https://tracker.example.org/p.gif?who=me)"))
+display(HTML('<img src="https://tracker.example.org/q.gif"><img src="data:image/png;base64,iVBORw0KGgo=">'))
+'''

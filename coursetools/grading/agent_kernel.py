@@ -83,6 +83,9 @@ class Agent:
         kind = type(value)
         if kind in (list, dict, set, frozenset):
             return kind.__name__
+        for base in (dict, list, set, frozenset):  # OrderedDict, defaultdict, Counter, ...
+            if isinstance(value, base) and issubclass(kind, base):
+                return base.__name__
         if torch is not None:
             if isinstance(value, torch.Tensor):
                 return "tensor"
@@ -99,6 +102,16 @@ class Agent:
         kind = type(value)
         if value is None or kind is bool:
             return value
+        if kind is not str and isinstance(value, str) and kind.__module__ != "builtins":
+            # A str subclass (a `str` Enum): its characters, read by str's own slot, so a
+            # subclass's __eq__ or __str__ decides nothing.
+            value, kind = str.__getitem__(value, slice(None)), str
+        elif kind not in (int, bool) and isinstance(value, int) and not isinstance(value, bool) \
+                and kind.__module__ != "builtins" and "torch" not in kind.__module__:
+            value, kind = int.__index__(value), int
+        elif kind is not float and isinstance(value, float) and kind.__module__ != "builtins" \
+                and "numpy" not in kind.__module__:
+            value, kind = float.__float__(value), float
         if kind is str:
             return value if len(value) <= _MAX_TEXT else value[:_MAX_TEXT] + "[... cut]"
         if kind is int:
@@ -281,6 +294,11 @@ class Agent:
             if op["name"] not in _OPERATORS:
                 raise ValueError(f"no operator {op['name']!r}")
             return getattr(_operator, op["name"])(*(dec(a) for a in op["a"]))
+        if kind == "builtin" and op["name"] == "isinstance":
+            # By the object's real type: a class that claims another through a `__class__`
+            # property is not an instance of it.
+            obj, cls = dec(op["a"][0]), dec(op["a"][1])
+            return issubclass(type(obj), cls)
         if kind == "builtin":
             fn = _BUILTINS[op["name"]]
             return fn(*(dec(a) for a in op.get("a", [])), **{k: dec(v) for k, v in op.get("k", {}).items()})

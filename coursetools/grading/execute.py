@@ -82,6 +82,7 @@ class ExecutionReport:
     budget_exceeded_at: int | None = None  # the cell running when the budget ran out
     seconds: float = 0.0
     dropped_output_bytes: int = 0
+    sent: set[str] = field(default_factory=set)  # every string the grader sent the kernel's agent
 
 
 def _size(value: Any) -> int:
@@ -363,6 +364,7 @@ def execute_resilient(
     env: dict[str, str] | None = None,
     guarded: bool = True,
     budget: float | None = SUBMISSION_BUDGET_S,
+    inspect_kernel: Callable[[int], None] | None = None,
 ) -> ExecutionReport:
     """Run every code cell of `nb` in place (outputs are written into the cells).
 
@@ -401,13 +403,14 @@ def execute_resilient(
         report = _run(run_nb, cwd=cwd, timeout=timeout, kernel_name=kernel_name,
                       max_restarts=max_restarts, is_replayable=is_replayable,
                       client_kwargs=client_kwargs, env=_kernel_env(env, private),
-                      budget=budget, private=private, session=session)
+                      budget=budget, private=private, session=session, inspect_kernel=inspect_kernel)
     finally:
         if session is not None:
             session.close()
         shutil.rmtree(private, ignore_errors=True)
     if session is None:
         return report
+    report.sent = set(session.sent)
     # Map the run (the agent's cell first) back onto the notebook's own cells.
     shift = lambda j: j - 1 if j is not None and j > 0 else (None if j is None else 0)
     report.outcomes = report.outcomes[1:]
@@ -418,7 +421,7 @@ def execute_resilient(
 
 
 def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_kwargs, env,
-         budget, private, session=None) -> ExecutionReport:
+         budget, private, session=None, inspect_kernel=None) -> ExecutionReport:
     def replayable(cell: NotebookNode) -> bool:
         role = guard.guard_role(cell)
         if role is not None:
@@ -502,6 +505,9 @@ def _run(nb, *, cwd, timeout, kernel_name, max_restarts, is_replayable, client_k
                     elif cell.cell_type == "code":
                         outcomes[index] = Outcome.OK
                     index += 1
+                if inspect_kernel is not None:
+                    process = getattr(getattr(client.km, "provisioner", None), "process", None)
+                    inspect_kernel(process.pid if process is not None else -1)
         except _BudgetSpent:
             _mark_forged(nb, client, outcomes, report)
             report.budget_exceeded_at = index

@@ -1,56 +1,24 @@
-"""Grading integrity inside the notebook: tamper checks, compiled tests, hidden tests kept out.
+"""What stays of the in-kernel guard once the tests left the kernel (issue 32).
 
-This is the grader's side; coursetools/grading/guard_kernel.py is the kernel's side, sent to the
-kernel as source (the kernel never imports it from the course folder, which the sandbox
-hides). Before grading, the notebook is instrumented in memory (never on disk):
+Tests run in the grader's process (coursetools.grading.remote); nothing here runs in the kernel
+any more, and nothing here fails a test. What is left:
 
-* a first cell (kept out of the kernel's history and `linecache`) runs guard_kernel's source
-  in a namespace of its own, with a private copy of the builtins, and calls its `install`:
-  the records it takes, the audit hook it installs and the checks it makes are described
-  there;
-* around every locked cell of the course (setup, grading helpers: locked *and* known by
-  nbgrader's grade id, coursetools.grading.review.is_course_cell) the guard records the names that
-  cell defines, and for helper classes and functions their attributes and code;
-* before and after every test cell a check compares everything recorded; a change fails
-  that test cell with a `TamperingDetected` error naming it, and the grading summary flags
-  the submission for manual review. Each check answers with an HMAC of a fresh nonce under a
-  key drawn for this run: a check that was replaced, disarmed or silenced fails as well.
-
-The grader's cells reach the guard without looking up any name in the notebook's
-namespace (`GUARD_LOOKUP`: a literal expression over `object.__subclasses__()`), so a
-function the student defines (`get_ipython`, `globals`, `__import__`, `exec`) never runs
-inside a check.
-
-**Compiled tests.** A test cell reaches the kernel as a code object compiled here, run by
-the guard's `run`, with only its visible lines in `linecache` (for tracebacks): the hidden
-tests never arrive as text, so no history, `linecache` or traceback spy can print them.
-Their bytecode is still in the process while they run; see README ("what a determined
-student can still do").
-
-**Redaction.** As a second layer, every output line containing a line of hidden-test
-source, or one of the hidden tests' string constants (their messages, which a function
-called by a hidden test could read from the test's code object), is replaced, and traceback
-frames that show hidden lines are dropped, before the notebook is saved or turned into
-feedback.
+* the grader's own cells (`_guard_cell`, `guard_role`): the first cell that installs the
+  kernel's agent, replayed after a kernel restart;
+* **redaction**, a second layer behind "hidden tests never enter the kernel": every output line
+  that still shows a line of hidden-test source, or one of the hidden tests' string constants,
+  read as a reader sees it (tags removed, character references decoded, zero-width characters
+  dropped), is replaced before the notebook is saved or turned into feedback.
 """
 
 
 from __future__ import annotations
 
 import ast
-import base64
-import hashlib
-import hmac
-import importlib.util
-import marshal
 import re
-import secrets
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from nbformat import NotebookNode, v4
 
-from coursetools.grading import guard_kernel, review
 from coursetools import notebooks
 
 TAMPER_ENAME = "TamperingDetected"
@@ -58,18 +26,6 @@ REDACTED = "[hidden test code removed from feedback]"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 GRADER_FILE = "<grader test {}>"
-COMPILED_MARK = "# a test cell, compiled by the grader"
-TOKEN_PREFIX = "grader-token:"
-
-
-@dataclass
-class Instrumented:
-    """A notebook with guard cells added, and where each original cell went."""
-    nb: NotebookNode
-    positions: list[int]  # original cell index -> index in `nb`
-    checks: dict[int, tuple[int, int]]  # original test cell index -> (check before, check after)
-    key: bytes = b""
-    nonces: dict[int, str] = field(default_factory=dict)  # index in `nb` -> nonce of that check
 
 
 def _guard_cell(source: str, role: str) -> NotebookNode:
@@ -102,150 +58,6 @@ def split_hidden(source: str) -> tuple[str, bool]:
         else:
             out.append("" if inside else line)
     return "\n".join(out), had
-
-
-def kernel_source() -> str:
-    """guard_kernel.py's source, as the kernel runs it."""
-    return Path(guard_kernel.__file__).read_text(encoding="utf-8")
-
-
-def guard_lookup(name: str) -> str:
-    """A Python expression that evaluates to the guard's class (named `name`) without looking
-    up any name: only attributes of literals and of builtin types, which no code can patch,
-    and `str.__eq__` on the class's name as the type stores it. Of several classes with that
-    name it takes the oldest, the guard's (made before any student code ran)."""
-    return (f"[c for c in ().__class__.__base__.__subclasses__() "
-            f"if {name!r}.__eq__(().__class__.__class__.__dict__['__name__'].__get__(c))][0]")
-
-
-def _templates(lookup: str) -> dict[str, str]:
-    """The grader's cells with placeholder arguments: the kernel compiles them to recognise
-    the real ones (same code, other string constants)."""
-    return {"verify": f"{lookup}.verify('before x', 'nonce')",
-            "run": f"{COMPILED_MARK}\n{lookup}.run('<file>', ('line',), 'blob')"}
-
-
-def compiled_test_cell(source: str, name: str, lookup: str) -> str | None:
-    """The source of a cell that runs test cell `source` without its text reaching the kernel.
-
-    The test is compiled here and sent as a code object (marshal, base64) to the guard's
-    `run`: the kernel's history, `linecache` and tracebacks hold its visible lines only; hidden
-    lines never arrive as text. None when it does not compile here (the kernel then reports
-    the SyntaxError)."""
-    filename = GRADER_FILE.format(name)
-    try:
-        code = compile(source, filename, "exec", dont_inherit=True)
-    except SyntaxError:
-        return None
-    visible, _ = split_hidden(source)
-    lines = tuple(line + "\n" for line in visible.split("\n"))
-    blob = base64.b64encode(marshal.dumps(code)).decode()
-    return f"{COMPILED_MARK}\n{lookup}.run({filename!r}, {lines!r}, {blob!r})"
-
-
-def instrument(nb: NotebookNode, name: str | None = None) -> Instrumented:
-    """A copy of `nb` with the tamper checks added (see the module docstring)."""
-    name = name or f"_grader_guard_{secrets.token_hex(8)}"
-    key = secrets.token_bytes(32)
-    lookup = guard_lookup(name)
-    files = {GRADER_FILE.format(notebooks.grade_id(c) or i) for i, c in enumerate(nb.cells)
-             if c.cell_type == "code" and notebooks.is_test_cell(c)}
-    arguments = ", ".join(repr(a) for a in (name, key, frozenset(files), COMPILED_MARK,
-                                             importlib.util.MAGIC_NUMBER, _templates(lookup)))
-    init = (f"(lambda ns: (exec(compile({kernel_source()!r}, '<grader guard>', 'exec', dont_inherit=True), ns),\n"
-            f"             ns['install']({arguments})))(\n"
-            "    {'__name__': '<grader guard>', '__builtins__': dict(vars(__import__('builtins')))})\n"
-            "pass")
-    if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):
-        # PyTorch's first operation on the meta device imports hundreds of modules (1.6 s
-        # idle, 6-10 s on a loaded machine): done here, under the grader's own time limit,
-        # it is not charged to whichever student cell or test happens to come first.
-        init += "\n__import__('torch').zeros(1, device='meta').add_(1)"
-    cells = [_guard_cell(init, "init")]
-    positions, checks, nonces = [], {}, {}
-
-    def check(where: str) -> int:
-        nonce = secrets.token_hex(16)
-        nonces[len(cells)] = nonce
-        cells.append(_guard_cell(f"{lookup}.verify({where!r}, {nonce!r})", "verify"))
-        return len(cells) - 1
-
-    for i, cell in enumerate(nb.cells):
-        is_code = cell.cell_type == "code"
-        is_test = is_code and notebooks.is_test_cell(cell)
-        gid = notebooks.grade_id(cell) or str(i)
-        before = check(f"before {gid}") if is_test else None
-        locked_setup = is_code and review.is_course_cell(cell) and not is_test
-        if locked_setup:
-            cells.append(_guard_cell(f"{lookup}.before_locked()", "locked"))
-        positions.append(len(cells))
-        run = NotebookNode(dict(cell))
-        if is_test:
-            compiled = compiled_test_cell(cell.source, gid, lookup)
-            if compiled is not None:
-                run.source = compiled
-                run.metadata = NotebookNode(dict(cell.metadata, grader_compiled=True))
-        cells.append(run)
-        if locked_setup:
-            cells.append(_guard_cell(f"{lookup}.after_locked()", "locked"))
-        if is_test:
-            checks[i] = (before, check(f"after {gid}"))
-    out = v4.new_notebook(metadata=nb.metadata)
-    out.cells = cells
-    return Instrumented(out, positions, checks, key, nonces)
-
-
-def expected_token(inst: Instrumented, index: int) -> str:
-    return TOKEN_PREFIX + hmac.new(inst.key, inst.nonces[index].encode(), hashlib.sha256).hexdigest()
-
-
-def check_result(inst: Instrumented, index: int) -> str | None:
-    """None when the check at `index` ran and proved it is the grader's (signed token);
-    otherwise what went wrong."""
-    cell = inst.nb.cells[index]
-    errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
-    if errors:
-        message = errors[0].get("evalue", "")
-        if errors[0].get("ename") == "RuntimeError" and "changed since the grader" in message:
-            return message
-        return f"the tamper check could not run ({errors[0].get('ename')}: {message[:200]})"
-    want = expected_token(inst, index)
-    for out in cell.get("outputs", []):
-        if out.output_type == "execute_result" and out.get("data", {}).get("text/plain", "").strip("'\"") == want:
-            return None
-    return "the tamper check did not answer with the grader's signature (disarmed or its output suppressed)"
-
-
-def collect_outputs(original: NotebookNode, inst: Instrumented, outcomes: list[str] | None = None
-                    ) -> dict[int, str]:
-    """Copy outputs back from the instrumented run; a failed check fails its test cell.
-
-    `outcomes[j]`: how the run's cell j ended ("ok", "error", "timeout", "crashed", "not run").
-    A check never reached is no evidence; one that hung or died is flagged. Returns the tamper message per original test
-    cell index (empty when clean)."""
-    found: dict[int, str] = {}
-    for i, cell in enumerate(original.cells):
-        ran = inst.nb.cells[inst.positions[i]]
-        if cell.cell_type == "code":
-            cell.outputs = ran.get("outputs", [])
-            cell.execution_count = ran.get("execution_count")
-        if i in inst.checks:
-            problems = []
-            for index in inst.checks[i]:
-                outcome = outcomes[index] if outcomes is not None else "ok"
-                if outcome == "not run":
-                    continue  # never reached (the kernel died too often, the budget ran out)
-                if outcome in ("timeout", "crashed"):
-                    problems.append(f"the tamper check {outcome.replace('crashed', 'crashed the kernel')} "
-                                    "(something hooked into the kernel?)")
-                    continue
-                problem = check_result(inst, index)
-                if problem:
-                    problems.append(problem)
-            if problems:
-                found[i] = "; ".join(problems)
-                cell.outputs = [tamper_output(found[i])] + list(cell.outputs)
-    return found
 
 
 def tamper_output(message: str) -> NotebookNode:
@@ -308,8 +120,23 @@ def hidden_strings(nb: NotebookNode, min_length: int = 8) -> set[str]:
     return out
 
 
-def _leaks(text: str, hidden: set[str]) -> bool:
+_TAG = re.compile(r"<[^>]*>")
+
+
+def plain_text(text: str) -> str:
+    """What a reader sees of `text`: no terminal colours, no tags, character references
+    decoded (twice: `&amp;#115;` is an `s` too), no zero-width or other format characters."""
+    import html
+    import unicodedata
+
     plain = _ANSI.sub("", text)
+    for _ in range(2):
+        plain = html.unescape(_TAG.sub("", plain))
+    return "".join(c for c in plain if unicodedata.category(c) != "Cf")
+
+
+def _leaks(text: str, hidden: set[str]) -> bool:
+    plain = plain_text(text)
     return any(h in plain for h in hidden)
 
 
@@ -338,8 +165,13 @@ def redact(nb: NotebookNode, hidden: set[str]) -> int:
                     out.ename = "Error"
             elif out.output_type in ("execute_result", "display_data"):
                 for mime, value in list(out.get("data", {}).items()):
-                    if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")
-                                                   or mime.endswith("+xml")):
+                    if isinstance(value, str) and mime in ("text/html", "text/markdown", "image/svg+xml"):
+                        # Markup is judged whole, as a reader sees it (a message can be spread
+                        # over lines, tags and character references).
+                        if _leaks(value, hidden):
+                            out.data[mime] = REDACTED
+                    elif isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")
+                                                     or mime.endswith("+xml")):
                         out.data[mime] = _redact_text(value, hidden)
             changed += repr(out) != before
     return changed

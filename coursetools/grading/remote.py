@@ -114,6 +114,7 @@ class Channel:
         self.callbacks: dict[int, Callable] = {}
         self.callback_ids: dict[int, int] = {}
         self.failures: list[BaseException] = []
+        self.sent: set[str] = set()  # every string the grader sent to the kernel (tests read it)
         self.opaque: dict[int, Any] = {}
         self.iterated: dict[int, Any] = {}
         self.opaque_ids: dict[int, int] = {}
@@ -225,6 +226,7 @@ class Channel:
 
     # -- one operation --------------------------------------------------------------------------
     def request(self, op: dict) -> Any:
+        _strings_in(op, self.sent)
         self.kc.input(json.dumps(op))
         answer = self._wait_prompt()
         while "callback" in answer:
@@ -377,6 +379,17 @@ class Channel:
                 self.callback_ids[key] = number
             return {"$": "cb", "id": number, "name": getattr(value, "__name__", "callback")}
         raise TypeError(f"the grader cannot send a {kind.__name__} to the kernel")
+
+
+def _strings_in(value: Any, into: set[str]) -> None:
+    if isinstance(value, str):
+        into.add(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _strings_in(v, into)
+    elif isinstance(value, list):
+        for v in value:
+            _strings_in(v, into)
 
 
 def _builtin_name(exc: BaseException) -> str:
@@ -636,8 +649,19 @@ for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul"
 
     setattr(Proxy, f"__i{_name}__", _inplace)
 
+def _compare(name: str):
+    def compare(self, other):
+        torch = sys.modules.get("torch")
+        if name in ("eq", "ne") and torch is not None and type(other) in (torch.device, torch.dtype):
+            # A real device or dtype reaches the grader as plain data, never as a reference:
+            # an object of the kernel's that says it equals one is not one (a spoof's __eq__).
+            return name == "ne"
+        return _op(self, name, other)
+    return compare
+
+
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    setattr(Proxy, f"__{_name}__", (lambda n: lambda self, other: _op(self, n, other))(_name))
+    setattr(Proxy, f"__{_name}__", _compare(_name))
 Proxy.__hash__ = lambda self: object.__hash__(self)  # kept after __eq__ (identity, as tensors)
 
 
@@ -915,12 +939,14 @@ class TestSession:
         self.channel: Channel | None = None
         self.namespace: dict = {}
         self.from_kernel: dict[str, Any] = {}
+        self.sent: set[str] = set()  # every string sent to any kernel of this notebook
 
     def bind(self, km, deadline: float) -> Channel:
         if self.channel is None or km is not self.km:
             self.close()
             self.km = km
             self.channel = Channel(km, deadline, self.max_output_bytes)
+            self.channel.sent = self.sent
             self.namespace = {}
             self.from_kernel = {}
         self.channel.deadline = deadline

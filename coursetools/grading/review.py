@@ -880,7 +880,11 @@ class _Reviewer(ast.NodeVisitor):
             return
         if base_path == "torch" and kind == "getattr":
             parent = getattr(node, "_parent", None)
-            if not (isinstance(parent, ast.Attribute) and parent.attr in _DEVICE_API):
+            # Honest: `getattr(torch, kind).is_available()`, and the availability check of a
+            # device module with a default, `getattr(torch, device.type, None)` (issue 32).
+            honest = (isinstance(parent, ast.Attribute) and parent.attr in _DEVICE_API) or len(node.args) == 3 \
+                or (isinstance(name_node, ast.Attribute) and name_node.attr == "type")
+            if not honest:
                 self.add(line, "obfuscation", "getattr(torch, <computed name>), not used at once for "
                                               "a device module's function")
         elif base_path and (self.is_module_path(base_path) or base_path == "builtins"):

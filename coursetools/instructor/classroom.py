@@ -48,6 +48,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -527,8 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=int, default=None,
                         help="seconds per submission, all cells together (default: config's)")
     parser.add_argument("--no-tamper-checks", action="store_true",
-                        help="for measurements only (benchmarks/grading_throughput.py): grade without "
-                             "the tamper checks; a forged score then goes through")
+                        help="for measurements only (benchmarks/grading_throughput.py): run the test "
+                             "cells in the kernel, as before issue 32; a forged score then goes through")
     parser.add_argument("--memory-mb", type=int, default=None, help="kernel memory limit, MiB (default: config's)")
     parser.add_argument("--sandbox-expose", action="append", default=[], metavar="PATH",
                         help="a folder the sandboxed kernel may read besides the system folders, its "
@@ -593,7 +594,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"{lock.took_over.get('started')}): a re-run grades what it left", file=sys.stderr)
         if config is not None:
             _log(room, isolation)
-        return _run(room, args, names, config)
+        # The workers' scratch (a gradebook per assignment holding its source, hidden tests
+        # included) goes in one folder of this run's, removed when the run ends, however it
+        # ends: a signal is turned into a clean stop (runguard.StopSignals), and a worker
+        # killed outright leaves its files here too (gradejob.SCRATCH_ENV).
+        scratch = tempfile.mkdtemp(prefix="grade-class-run-")
+        os.environ[gradejob.SCRATCH_ENV] = scratch
+        try:
+            return _run(room, args, names, config)
+        finally:
+            os.environ.pop(gradejob.SCRATCH_ENV, None)
+            shutil.rmtree(scratch, ignore_errors=True)
     finally:
         lock.release()
 

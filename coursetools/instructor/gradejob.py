@@ -20,6 +20,7 @@ first submission (coursetools.grading.preflight).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.metadata
 import os
@@ -225,6 +226,11 @@ def _run(app) -> dict:
     return capture_log(app)
 
 
+# The coordinator's scratch folder for this run (grade-class sets it; a worker on another
+# machine, which cannot see it, removes its own files when it exits).
+SCRATCH_ENV = "COURSE_GRADE_CLASS_SCRATCH"
+
+
 def _template(task: Task, config_bytes: bytes) -> Path:
     """A gradebook that knows the assignment (nbgrader's generate_assignment, run once per
     worker process and source version); each submission gets a copy."""
@@ -235,7 +241,10 @@ def _template(task: Task, config_bytes: bytes) -> Path:
     from nbgrader.converters import GenerateAssignment
     from nbgrader.coursedir import CourseDirectory
 
-    root = Path(tempfile.mkdtemp(prefix="grade-class-template-"))
+    base = os.environ.get(SCRATCH_ENV)
+    root = Path(tempfile.mkdtemp(prefix="grade-class-template-", dir=base if base and os.path.isdir(base) else None))
+    if not (base and os.path.isdir(base)):  # a worker of another machine's: removed when it exits
+        atexit.register(shutil.rmtree, root, True)
     write_folder(task.source, root / SCRATCH_SOURCE / task.assignment)
     config = _worker_config(config_bytes, root)
     coursedir = CourseDirectory(config=config)

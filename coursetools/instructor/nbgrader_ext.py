@@ -119,15 +119,15 @@ class ResilientExecute(NbGraderPreprocessor):
       or kills the kernel costs that cell (and what depends on it): the kernel is
       restarted, earlier cells replayed, and grading goes on (coursetools.grading.execute). A cell
       that never ran gets an error, so nbgrader cannot score it as passed;
-    * a test cell's result comes from the kernel protocol (reply status, error and stderr
-      messages), with tamper checks before and after it (coursetools.grading.guard); its outputs
+    * a test cell runs in this process, the student's objects reached through proxies of the
+      kernel's (coursetools.grading.remote): no verdict is decided in the kernel; its outputs
       are then replaced by the grader's verdict (passed / the visible assertion message /
       "a hidden test failed"), which is what nbgrader scores and feedback shows;
     * the kernel runs in the sandbox (coursetools.grading.sandbox): no access to the course folder
       (gradebook, solutions, other submissions), no network, limited memory and CPU, in a
       scratch folder deleted afterwards;
-    * test cells reach the kernel compiled (hidden tests never as text), and any output
-      line still holding hidden-test source or a hidden test's string constant is removed;
+    * test cells never reach the kernel, and any output line still holding hidden-test source
+      or a hidden test's string constant (read as a reader sees it) is removed;
     * output is capped per cell and per notebook (display updates and errors included);
     * the static review (coursetools.grading.review) reads the student's cells and puts what it
       flags first in the flagged cell (`FlaggedForReview`); the score is not changed;
@@ -150,7 +150,8 @@ class ResilientExecute(NbGraderPreprocessor):
                                   "the system folders, Python and the working folder)").tag(config=True)
     max_output_bytes = Integer(2_000_000, help="Output kept per cell, bytes").tag(config=True)
     max_total_output_bytes = Integer(20_000_000, help="Output kept per notebook, bytes").tag(config=True)
-    tamper_checks = Bool(True, help="Tamper checks around each test cell, tests sent compiled").tag(config=True)
+    tamper_checks = Bool(True, help="Run test cells in the grader's process (coursetools.grading.remote), "
+                                    "not in the kernel").tag(config=True)
     kernel_name = Unicode("python3").tag(config=True)
 
     def sandbox_config(self, resources: ResourcesDict) -> SandboxConfig:
@@ -199,6 +200,7 @@ class ResilientExecute(NbGraderPreprocessor):
         for i, cell in enumerate(nb.cells):
             if cell.cell_type == "code" and notebooks.is_test_cell(cell):
                 cell.outputs = grader_written_outputs(cell, report.outcomes[i], report.tampering.get(i))
+        sanitize_rich_outputs(nb)
         redacted = guard.redact(nb, guard.hidden_text(nb))
         findings = review.review_notebook(nb)
         review.annotate(nb, findings)
@@ -298,14 +300,46 @@ _SAFE_TAGS = ["a", "abbr", "b", "blockquote", "br", "code", "del", "details", "d
 _SAFE_ATTRIBUTES = {"*": ["class", "id", "title"], "a": ["href"], "img": ["src", "alt"]}
 
 
-def sanitize_markdown(source: str) -> str:
-    """Markdown rendered to HTML with only harmless tags, attributes and link protocols left
-    (nbgrader's feedback template renders Markdown cells without nbconvert's sanitizer)."""
+def _attribute_allowed(tag: str, name: str, value: str) -> bool:
+    """No remote reference survives: an image only from a `data:` URL (nothing is loaded when
+    the page opens: no tracking pixel), a link only within the page."""
+    if name in ("class", "id", "title", "alt"):
+        return True
+    if tag == "img" and name == "src":
+        return value.strip().lower().startswith("data:image/")
+    if tag == "a" and name == "href":
+        return value.strip().startswith("#")
+    return False
+
+
+def sanitize_html(html: str) -> str:
     import bleach
+
+    return bleach.clean(html, tags=_SAFE_TAGS, attributes=_attribute_allowed, protocols=["data"], strip=True)
+
+
+def sanitize_markdown(source: str) -> str:
+    """Markdown rendered to HTML with only harmless tags and attributes left, and no remote
+    reference (nbgrader's feedback template renders Markdown cells without nbconvert's sanitizer)."""
     from nbconvert.filters import markdown2html
 
-    return bleach.clean(markdown2html(source), tags=_SAFE_TAGS, attributes=_SAFE_ATTRIBUTES,
-                        protocols=["http", "https", "mailto"])
+    return sanitize_html(markdown2html(source))
+
+
+def sanitize_rich_outputs(nb: NotebookNode) -> None:
+    """Before redaction (which then reads what a reader would see): every HTML output
+    sanitized, every Markdown output rendered and sanitized into HTML (issue 32: redaction ran
+    first, and the sanitizer turned `&#115;` back into letters)."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = out.get("data") if out.output_type in ("display_data", "execute_result") else None
+            if not data:
+                continue
+            if isinstance(data.get("text/markdown"), str):
+                rendered = sanitize_markdown(data.pop("text/markdown"))
+                data.setdefault("text/html", rendered)
+            if isinstance(data.get("text/html"), str):
+                data["text/html"] = sanitize_html(data["text/html"])
 
 
 class SafeOutputs(NbGraderPreprocessor):
@@ -319,6 +353,7 @@ class SafeOutputs(NbGraderPreprocessor):
                 cell.source = sanitize_markdown(cell.source)
             return cell, resources
         kept = []
+        sanitize_rich_outputs(v4.new_notebook(cells=[cell]))
         for out in cell.get("outputs", []):
             if out.output_type in ("display_data", "execute_result"):
                 data = out.get("data", {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,8 +110,9 @@ def test_the_submission_budget_stops_the_rest(tmp_path):
     assert BUDGET_ENAME in enames
 
 
-def test_hidden_tests_reach_the_kernel_compiled_not_as_text(tmp_path):
-    """A cell after the tests looks everywhere text lands (history, linecache): no hidden line."""
+def test_hidden_tests_never_reach_the_kernels_history(tmp_path):
+    """A cell after the tests looks everywhere text lands (history, linecache): no hidden line
+    (the tests ran in the grader's process)."""
     spy = v4.new_code_cell(
         "import linecache\n"
         "seen = [str(x) for x in In] + [''.join(e[2]) for e in list(linecache.cache.values()) if len(e) > 2]\n"
@@ -229,171 +231,170 @@ def _test_results(nb, report):
     return {notebooks.grade_id(c): report.outcomes[i] for i, c in enumerate(nb.cells) if notebooks.is_test_cell(c)}
 
 
-def _stopped_and_flagged(nb, report, what):
+def _earned(nb, report, what, passed=False):
+    """Every test scored what the answer earns: here (WRONG_F), nothing."""
     results = _test_results(nb, report)
-    assert all(o is Outcome.ERROR for o in results.values()), f"{what}: a forged pass: {results}"
-    assert report.tampering, f"{what}: failed but not flagged: {report.outcomes}"
+    want = Outcome.OK if passed else Outcome.ERROR
+    assert all(o is want for o in results.values()), f"{what}: {results}"
 
 
-def test_an_honest_notebook_passes_under_the_guard():
+def test_an_honest_notebook_passes():
     nb, report = _graded(answer="def f():\n    return 2")
-    assert all(o is Outcome.OK for o in _test_results(nb, report).values()), (report.outcomes, report.tampering)
+    _earned(nb, report, "honest", passed=True)
     assert not report.tampering and not report.forged
 
 
-def test_the_guard_never_calls_the_notebooks_get_ipython():
-    """Issue 22: the checks looked `get_ipython` up in the user namespace, so a student's
-    get_ipython ran inside every check. Here one counts its calls, honestly answering."""
-    counter = ("from IPython import get_ipython as _real\n_calls = []\n"
-               "def get_ipython():\n    _calls.append(1)\n    return _real()")
-    nb, report = _graded(counter, "print('CALLS', len(_calls))", answer="def f():\n    return 2")
-    printed = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
-    assert "CALLS 0" in printed, printed
-    assert not report.tampering, report.tampering
+_SHADOWED_GLOBALS = ("_before = dict(globals())\n"
+                     "def expect_two(value):\n    pass\n"
+                     "def globals():\n    return _before")
+_TORCH_MODE = ("from torch.overrides import TorchFunctionMode\n"
+               "class _Yes(TorchFunctionMode):\n"
+               "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+               "        return func(*args, **(kwargs or {}))\n"
+               "_Yes().__enter__()")
+
+# Every attack of issues 13, 22 and 32 on a small notebook: an answer `f` that returns 3 where
+# the tests want 2, and the attack in the answer cell or in a cell of its own. Under the in-kernel
+# guard each of these forged passes (measured, see README); with the tests in the grader's
+# process none can: there is no verdict in the kernel to forge.
+ATTACKS = {
+    "session send (22)": dict(answer=H.SESSION_SEND + "\nf = _forge_pass"),
+    "forged reply (22)": dict(answer=H.FORGED_REPLY + "\nf = _forge_pass"),
+    "magic number (22)": dict(cells=[H.MAGIC_NUMBER]),
+    "non-callable attributes (22)": dict(cells=[H.NON_CALLABLE]),
+    "a student's get_ipython (22)": dict(cells=[H.USER_GET_IPYTHON]),
+    "shadowed globals (22)": dict(cells=[_SHADOWED_GLOBALS]),
+    "closure key (13)": dict(cells=[H.CLOSURE_KEY]),
+    "closure key (22)": dict(cells=[H.CLOSURE_KEY_NOW]),
+    "inspect closures + AST transformer (32)": dict(cells=[H.INSPECT_CLOSURES]),
+    "Formatter fields (32)": dict(cells=[H.FORMATTER_FIELDS]),
+    "a torch mode left entered": dict(cells=[_TORCH_MODE]),
+    "traceback frames (32)": dict(answer=H.TRACEBACK_FRAMES, cells=[]),
+}
 
 
-def test_the_checks_do_not_use_the_notebooks_globals():
-    """A student's `globals` hands the check a copy of the namespace taken before the course's
-    helper was replaced: the check reads the real namespace and flags the replacement."""
-    cheat = ("_before = dict(globals())\n"
-             "def expect_two(value):\n    pass\n"
-             "def globals():\n    return _before")
-    nb, report = _graded(cheat)
-    _stopped_and_flagged(nb, report, "shadowed globals")
-    assert "expect_two" in " ".join(report.tampering.values())
+@pytest.mark.parametrize("what", list(ATTACKS))
+def test_an_attack_scores_what_its_answers_earn(what):
+    attack = ATTACKS[what]
+    nb, report = _graded(*attack.get("cells", []), answer=attack.get("answer", WRONG_F))
+    _earned(nb, report, what)
 
 
-def test_a_session_send_patched_during_a_test_is_undone_and_flagged():
-    """Issue 22: the answer patches the session's `send` while the test runs (drops the error,
-    rewrites the reply to ok) and removes the patch afterwards. The guard compares the kernel's
-    machinery right after the test's code, inside the test cell, and undoes it before the reply."""
-    nb, report = _graded(answer=H.SESSION_SEND + "\nf = _forge_pass")
-    _stopped_and_flagged(nb, report, "session send")
-    assert "session" in " ".join(report.tampering.values())
+def test_a_spoofing_device_scores_nothing():
+    """Issue 32: a class built with type() (no class body) that claims to be torch.device and
+    equals every device. isinstance is asked of the object's real type, and a device compared
+    here is plain data, never a kernel object's __eq__."""
+    test = ("d = f()\n"
+            "assert isinstance(d, torch.device), f'expected a torch.device, got {type(d).__name__}'\n"
+            "### BEGIN HIDDEN TESTS\n"
+            "assert d == torch.device('cuda', 0), 'secret_hidden_message'\n"
+            "### END HIDDEN TESTS")
+    for source in (test, "assert f() == torch.device('cuda', 0)"):
+        cells = [_locked_cell(SETUP, "setup"), _answer_cell(H.SPOOF_DEVICE), _test_cell(source)]
+        nb = v4.new_notebook(cells=cells)
+        report = execute_resilient(nb, cwd="/tmp", timeout=120)
+        assert report.outcomes[2] is Outcome.ERROR, (source, report.outcomes, nb.cells[2].outputs)
 
 
-def test_a_forged_reply_is_caught():
-    """The answer sends an "ok" reply and an idle status for the running test, patching
-    nothing: the real reply follows, and two replies for one request fail the test."""
-    nb, report = _graded(answer=H.FORGED_REPLY + "\nf = _forge_pass")
-    _stopped_and_flagged(nb, report, "forged reply")
-    assert execute.FORGED_REPLY in " ".join(report.tampering.values())
-
-
-def test_a_replaced_magic_number_is_flagged():
-    """Issue 22: importlib.util.MAGIC_NUMBER (which the compiled test cells of issue 13
-    compared first) replaced by an object whose `!=` forges a reply. The cells no longer read
-    it, and the module's globals are compared."""
-    nb, report = _graded(H.MAGIC_NUMBER)
-    _stopped_and_flagged(nb, report, "magic number")
-    assert "MAGIC_NUMBER" in " ".join(report.tampering.values())
-
-
-def test_non_callable_attributes_and_module_globals_are_compared():
-    """Issue 22: the display hook's `session` replaced by one that drops errors, and
-    ipykernel.kernelbase.json_clean by one that turns an error reply into ok."""
-    nb, report = _graded(H.NON_CALLABLE)
-    _stopped_and_flagged(nb, report, "non-callable attributes")
-    flagged = " ".join(report.tampering.values())
-    assert "json_clean" in flagged and "displayhook" in flagged, flagged
-
-
-def test_a_class_posing_as_a_torch_type_from_another_module_is_caught():
-    """Issue 22: a str subclass posing as torch.device with __module__ = 'torch' (the check
-    of issue 13 looked at __main__ classes only). Its origin is the cell that defined it."""
+def test_a_str_subclass_posing_as_a_device_scores_nothing():
     test = ("d = pick_device()\n"
             "assert isinstance(d, torch.device) and d == torch.device('cuda', 0), f'expected cuda:0, got {d!r}'")
     cells = [_locked_cell(SETUP, "setup"), _answer_cell(H.STR_DEVICE_AS_TORCH, "pick_device"), _test_cell(test)]
     nb = v4.new_notebook(cells=cells)
     report = execute_resilient(nb, cwd="/tmp", timeout=120)
-    assert report.outcomes[2] is Outcome.ERROR and report.tampering, (report.outcomes, report.tampering)
-    assert "_Device" in report.tampering[2], report.tampering
+    assert report.outcomes[2] is Outcome.ERROR, report.outcomes
 
 
-def test_frame_access_from_an_answer_is_noticed_and_hidden_constants_are_redacted():
-    """Issue 22: the answer keeps the calling test's code object (sys._getframe(1).f_code); a
-    later cell prints its string constants. The audit hook notices the frame access (the
-    test fails, flagged) and redaction removes the hidden tests' messages from every output."""
-    answer = "def _honest():\n    return 2\n" + H.FRAME_LEAK_WRAPPER.replace("pick_device", "f").replace(
-        "_honest_f = f", "_honest_f = _honest")
-    cells = [_locked_cell(SETUP, "setup"), _answer_cell(answer),
-             _test_cell("assert f() == 2\n" + HIDDEN_SOURCE), v4.new_code_cell(H.FRAME_LEAK_PRINT)]
+def test_a_tensor_property_patched_through_an_alias_changes_no_verdict():
+    """Issue 32: `is_meta` made True for every tensor. The test reads `is_meta` from the kernel
+    (an observation the patch can change, as the README says), but compares values here."""
+    test = ("t = make()\n"
+            "assert torch.equal(t, torch.ones(3)), 'the values must be ones'")
+    cells = [_locked_cell(SETUP, "setup"), _answer_cell("def make():\n    return torch.zeros(3)", "make"),
+             v4.new_code_cell(H.TENSOR_PROPERTY_ALIAS), _test_cell(test)]
     nb = v4.new_notebook(cells=cells)
     report = execute_resilient(nb, cwd="/tmp", timeout=120)
-    assert report.outcomes[2] is Outcome.ERROR and "frame access" in report.tampering.get(2, ""), report.tampering
-    printed = "".join(o.get("text", "") for o in nb.cells[3].outputs)
-    assert "secret_hidden_message" in printed, "the leak did not happen: nothing to redact"
-    hidden = guard.hidden_text(nb)
-    assert "secret_hidden_message" in hidden and "f() must return 2" not in hidden, hidden
-    guard.redact(nb, hidden)
-    assert "secret_hidden_message" not in json.dumps(nb.cells[3].outputs)
+    assert report.outcomes[3] is Outcome.ERROR, report.outcomes
 
 
-def test_a_check_cell_rewritten_by_a_transformer_is_flagged():
-    """An AST transformer that wraps the grader's test cells in try/except (the last part of
-    issue 22's closure-key attack) is itself one of the things the checks compare."""
-    swallow = "import ast\n" + H.CLOSURE_KEY[H.CLOSURE_KEY.index("class _Swallow"):].replace(
-        'n.id == "exec"', 'n.id == "run"').replace("isinstance(n, ast.Name) and n.id", "isinstance(n, ast.Attribute) and n.attr")
-    nb, report = _graded(swallow)
-    _stopped_and_flagged(nb, report, "AST transformer")
+def _python_storage(text: str) -> bytes:
+    """How CPython stores `text` in memory (PEP 393): one, two or four bytes per character."""
+    widest = max(map(ord, text))
+    return text.encode("latin-1" if widest < 256 else "utf-16-le" if widest < 65536 else "utf-32-le")
 
 
-@pytest.mark.parametrize("role", ["grader_compiled", "verify"])
-def test_a_grader_cell_that_does_not_run_as_sent_is_flagged(monkeypatch, role):
-    """What such a transformer leaves, without the transformer in place any more (it can take
-    itself out while a check runs): the guard's `run` and `verify` compare the code that calls
-    them with the grader's cell, and a wrapped cell is not it."""
-    real = guard.instrument
-
-    def rewritten(nb, name=None):
-        inst = real(nb, name)
-        for cell in inst.nb.cells:
-            if role == "grader_compiled" and cell.metadata.get("grader_compiled"):
-                body = cell.source.split("\n", 1)[1]
-                cell.source = f"try:\n    {body}\nexcept BaseException:\n    pass"
-            elif role == "verify" and guard.guard_role(cell) == "verify":
-                cell.source = f"(lambda: {cell.source})()"
-        return inst
-
-    monkeypatch.setattr(guard, "instrument", rewritten)
-    nb, report = _graded()
-    _stopped_and_flagged(nb, report, f"rewritten {role} cell")
-    assert "rewritten" in " ".join(report.tampering.values()), report.tampering
-
-
-def test_the_kernel_side_is_a_module_sent_as_source():
-    """guard_kernel.py is a module the grader's tools can import and read (importing it runs
-    nothing); the kernel gets its source in the first cell, and never imports it."""
-    import inspect
-    import subprocess
-    import sys
-
-    from coursetools.grading import guard_kernel
-
-    assert guard.kernel_source() == inspect.getsource(guard_kernel)
-    probe = ("import sys; import coursetools.grading.guard_kernel as g; "
-             "print(callable(g.install), 'torch' in sys.modules, 'IPython' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         cwd=str(layout.ROOT)).stdout.split()
-    assert out == ["True", "False", "False"], out
-    inst = guard.instrument(v4.new_notebook(cells=[_test_cell(HIDDEN_SOURCE)]))
-    init = inst.nb.cells[0].source
-    assert repr(guard.kernel_source()) in init and "import coursetools" not in init
+def _memory_holds(pid: int, needles: set[str]) -> set[str]:
+    """Which of `needles` are anywhere in the process's own memory (heap, stacks, anonymous
+    maps: where Python keeps its strings; not the libraries' data), as CPython stores a string
+    or as UTF-8 (a message buffer). Narrow text is pulled out first (one pass in C), then
+    searched; the few needles with wider characters are looked for in the raw memory."""
+    narrow_runs, found = [], set()
+    wide = {n: (_python_storage(n), n.encode("utf-8")) for n in needles if max(map(ord, n)) >= 256}
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            parts = line.split()
+            path = parts[5] if len(parts) > 5 else ""
+            if "r" not in parts[1] or "w" not in parts[1] or (path and not path.startswith("[")):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            try:
+                mem.seek(start)
+                chunk = mem.read(end - start)
+            except (OSError, ValueError, OverflowError):
+                continue
+            narrow_runs += re.findall(rb"[\x09\x0a\x20-\x7e\x80-\xff]{8,}", chunk)
+            for needle, forms in wide.items():
+                if needle not in found and any(f in chunk for f in forms):
+                    found.add(needle)
+    narrow = b"\0".join(narrow_runs)
+    for needle in needles:
+        if needle not in wide and (_python_storage(needle) in narrow or needle.encode("utf-8") in narrow):
+            found.add(needle)
+    return found
 
 
-def test_a_torch_mode_left_entered_is_flagged_but_a_default_device_is_not():
-    """A TorchFunctionMode that a student cell enters and never leaves answers for every torch
-    call of the tests (a tensor's device included): compared. torch.set_default_device keeps a
-    mode of PyTorch's own on that stack, which answers may need: not compared."""
-    mode = ("from torch.overrides import TorchFunctionMode\n"
-            "class _Yes(TorchFunctionMode):\n"
-            "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
-            "        return func(*args, **(kwargs or {}))\n"
-            "_Yes().__enter__()")
-    nb, report = _graded(mode, answer="def f():\n    return 2")
-    assert "modes left entered" in " ".join(report.tampering.values()), report.tampering
-    nb, report = _graded("torch.set_default_device('cpu')", answer="def f():\n    return 2")
-    assert not report.tampering, report.tampering
+def _grep_after(nb, needles, **kwargs):
+    found: dict[str, set[str]] = {}
+
+    def inspect_kernel(pid):
+        found["found"] = _memory_holds(pid, needles)
+
+    report = execute_resilient(nb, inspect_kernel=inspect_kernel, **kwargs)
+    return report, found["found"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/mem")
+def test_no_hidden_test_string_is_in_the_kernels_memory(tmp_path):
+    """Issue 32: the kernel's memory, grepped after grading, holds no hidden-test message; the
+    positive control (a string a student cell made) shows the grep finds what is there. The
+    answer also reads every frame above it and prints their strings (attack 12)."""
+    spy = v4.new_code_cell("marker = 'visible_' + 'marker_1234'\n" + H.TRACEBACK_PRINT)
+    answer = H.TRACEBACK_FRAMES.replace("return 3", "return 2")
+    nb = v4.new_notebook(cells=[_locked_cell(SETUP, "setup"), _locked_cell(HELPERS), _answer_cell(answer),
+                                _test_cell("expect_two(f())\n" + HIDDEN_SOURCE), spy])
+    report, found = _grep_after(nb, {"secret_hidden_message", "visible_marker_1234"}, cwd=tmp_path, timeout=120)
+    assert report.outcomes[3] is Outcome.OK, report.outcomes
+    assert found == {"visible_marker_1234"}, found
+    printed = json.dumps(nb.cells[4].outputs)
+    assert "secret" not in printed and "c2VjcmV0" not in printed, printed[:2000]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/mem")
+@pytest.mark.parametrize("name", layout.assignments())
+def test_no_hidden_test_of_a_chapter_reaches_the_kernel(name, tmp_path):
+    """Each chapter's reference answers graded, then the kernel's memory grepped for every
+    string constant of its hidden tests: none is there, except the arguments the grader gave
+    the answers (what the student's code is handed: a scenario's inputs, never a message)."""
+    source = notebooks.read(layout.source_notebook(name))
+    hidden = guard.hidden_strings(source)
+    assert len(hidden) > 10, f"{name}: {len(hidden)} hidden strings: is the test reading the right cells?"
+    report, found = _grep_after(source, hidden, cwd=tmp_path, timeout=180)
+    assert all(o is not Outcome.ERROR for i, o in enumerate(report.outcomes)
+               if notebooks.is_test_cell(source.cells[i])), report.outcomes
+    given = {s for s in found if any(s in sent for sent in report.sent)}
+    leaked = found - given
+    assert not leaked, f"{name}: hidden-test strings in the kernel's memory: {sorted(leaked)[:10]}"
+    assert len(given) < len(hidden) / 2, f"{name}: most hidden strings were sent as arguments: {sorted(given)[:10]}"
 
 
 def test_an_error_message_counts_against_the_output_caps(tmp_path):
@@ -425,32 +426,32 @@ def test_submission_files_are_copied_without_following_symlinks(tmp_path):
     assert sorted(skipped) == ["copied-from-a-link.txt", "link.txt"]
 
 
-def test_a_child_process_cannot_open_the_kernels_memory():
-    """The guard makes the kernel non-dumpable: a process it starts, running as the same user,
-    could otherwise open /proc/<kernel>/mem and rewrite the kernel (measured: it could, in the
-    sandbox, before). Run as the sandboxed kernel runs (root's children could anyway)."""
-    import inspect
-    import subprocess
-    import sys
+def test_feedback_loads_nothing_remote_and_redacts_what_a_reader_would_see():
+    """Issue 32: a hidden message written as character references with zero-width spaces came
+    through redaction (it ran before the sanitizer decoded them), and a remote <img> in an
+    output or a Markdown output was a tracking pixel. Redaction now reads the sanitized,
+    decoded text; only data: images remain."""
+    from nbconvert import HTMLExporter
 
-    from coursetools.grading import guard_kernel, sandbox
+    from coursetools.instructor.nbgrader_ext import sanitize_rich_outputs
 
-    child = ("import os\ntry:\n    open(f'/proc/{os.getppid()}/mem', 'r+b')\n    print('OPENED')\n"
-             "except OSError as exc:\n    print('REFUSED', exc.errno)")
-    probe = (inspect.getsource(guard_kernel.non_dumpable) + "\nimport subprocess, sys\n"
-             "print('BEFORE', subprocess.run([sys.executable, '-c', CHILD], capture_output=True, text=True).stdout)\n"
-             "flag = non_dumpable()\n"
-             "print('FLAG', flag())\n"
-             "print('AFTER', subprocess.run([sys.executable, '-c', CHILD], capture_output=True, text=True).stdout)\n"
-             ).replace("CHILD", repr(child))
-    if sandbox.bwrap_works()[0]:
-        config = sandbox.SandboxConfig(mode="bwrap")
-        cmd, env = sandbox.wrap_command([sys.executable, "-c", probe], config, writable=[]), sandbox.sandbox_env(config)
-    elif sandbox.is_root():
-        pytest.skip("as root without the sandbox, a child process may open any memory")
-    else:
-        cmd, env = [sys.executable, "-c", probe], None
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env).stdout
-    if not sys.platform.startswith("linux"):
-        pytest.skip("prctl is Linux's")
-    assert "BEFORE OPENED" in out and "FLAG 0" in out and "AFTER REFUSED 13" in out, out
+    secret = "secret_hidden_message"
+    cell = v4.new_code_cell("x")
+    cell.outputs = [
+        v4.new_output("display_data", data={"text/html": "".join(f"&#{ord(c)};&#8203;" for c in secret)}),
+        v4.new_output("display_data", data={"text/markdown": "![p](https://tracker.example.org/p.gif)"}),
+        v4.new_output("display_data", data={"text/html": '<img src="https://tracker.example.org/q.gif">'
+                                                         '<img src="data:image/png;base64,iVBORw0KGgo=">'
+                                                         '<a href="https://tracker.example.org/">x</a>'}),
+    ]
+    md = v4.new_markdown_cell("![p](https://tracker.example.org/m.gif) and ![ok](data:image/png;base64,iVBORw0KGgo=)")
+    nb = v4.new_notebook(cells=[cell, md])
+    sanitize_rich_outputs(nb)
+    guard.redact(nb, {secret})
+    nb, _ = SafeOutputs().preprocess(nb, {})
+    html, _ = HTMLExporter(sanitize_html=True).from_notebook_node(nb)
+    from nbconvert.filters import markdown2html
+    html += markdown2html(nb.cells[1].source)
+    assert secret not in guard.plain_text(html), "the hidden message is readable in the feedback"
+    assert "tracker.example.org" not in html, "a remote reference is left in the feedback"
+    assert html.count("data:image/png;base64,iVBORw0KGgo=") >= 2, "data: images stay"

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -112,19 +113,21 @@ def class_of_01(course_root):
     _cell(edited, "test_pick_device_named").source = "assert True"
     cases["edited-test"] = (edited, ["test_pick_device_auto", "test_pick_device_named"],
                             ["edited test_pick_device_auto (restored)", "edited test_pick_device_named (restored)"])
-    # Cheats that would pass without the tamper checks: both fail from the tampering on.
+    # Cheats that passed without the in-kernel tamper checks of issue 22. With the tests in the
+    # grader's process (issue 32) each earns what its answers earn: the patched get_rng_state
+    # changes an observation, and the Generator check still fails the wrong seeded_randn; the
+    # student's own expect_error is never called (the grader runs the course's).
     cheat = ("def seeded_randn(shape, seed, device='cpu', dtype=torch.float32):\n"
              "    torch.manual_seed(seed)\n"
              "    return torch.randn(shape, device=device, dtype=dtype)\n"
              "_frozen = torch.get_rng_state()\n"
              "torch.get_rng_state = lambda: _frozen  # the 'global state unchanged' check now passes\n")
-    cases["torch-patch"] = (solved(seeded_randn=cheat),
-                            ["test_seeded_randn", "test_build_on", "test_build_on_restores"],
-                            ["tampering in test_seeded_randn", "torch.get_rng_state (a module's attribute) (patching)"])
+    cases["torch-patch"] = (solved(seeded_randn=cheat), ["test_seeded_randn"],
+                            ["torch.get_rng_state (a module's attribute) (patching)"])
     helper_cheat = (_fixture(A1, "pick_device_silent_fallback").answers["pick_device"]
                     + "\n\ndef expect_error(kind, fn, hint=''):\n    return 'gpu cuda cuda:2 mps'\n")
-    cases["helper-patch"] = (solved(pick_device=helper_cheat), ids,
-                             ["tampering in test_pick_device_auto", "redefines 'expect_error'"])
+    cases["helper-patch"] = (solved(pick_device=helper_cheat), _fixture(A1, "pick_device_silent_fallback").loses,
+                             ["redefines 'expect_error'"])
     attack = f'''
 import sqlite3
 attempts = {{}}
@@ -281,7 +284,7 @@ def _fill(where, path):  # two files of 768 MiB (each under the 1 GiB file-size 
             "torch.get_rng_state = lambda: None"),
     }
     for student, source in forgeries.items():
-        cases[student] = (blank_with(source), ids, ["tampering in test_pick_device_auto", "review: "])
+        cases[student] = (blank_with(source), ids, ["review: "])
     fake_device = (
         "class _Device(str):\n"
         "    __class__ = property(lambda self: torch.device)  # isinstance(x, torch.device) is True\n"
@@ -291,8 +294,9 @@ def _fill(where, path):  # two files of 768 MiB (each under the 1 GiB file-size 
         "    __hash__ = str.__hash__\n"
         "def pick_device(name=None):\n"
         "    return _Device('cpu')\n")
-    cases["forge-str-device"] = (solved(pick_device=fake_device), ids,
-                                 ["tampering in test_pick_device_auto", "a class that poses as another type"])
+    pick_tests = [i for i in ids if i.startswith("test_pick_device")]
+    cases["forge-str-device"] = (solved(pick_device=fake_device), pick_tests,
+                                 ["a class that poses as another type"])
     # -- hidden tests must not reach feedback, in any encoding; nbgrader's markers in a
     # student cell must not cost that student the feedback; feedback HTML runs nothing.
     leak = '''
@@ -333,25 +337,43 @@ display(SVG(f'<svg xmlns="http://www.w3.org/2000/svg">{lines}</svg>'))
     blank_answers = lambda source: fixtures.fill(_release(A1), {gid: source for gid in answer_ids})  # noqa: E731
     review = "review: "
     cases["closure-key"] = (blank_with(H.CLOSURE_KEY), ids, ["sys.modules (import machinery)", "cell_contents"])
-    # The same attack against this guard: code that holds the checker's key can forge any
-    # check. Its score is not asserted (a forgery may succeed); the review's flag stops it.
-    cases["closure-key-now"] = (blank_with(H.CLOSURE_KEY_NOW), None,
+    # The same attack against the guard of issue 22, which it beat (18/18 from blank answers):
+    # with no checker in the kernel, it earns nothing.
+    cases["closure-key-now"] = (blank_with(H.CLOSURE_KEY_NOW), ids,
                                 ["__subclasses__ (object-graph search)", "(function internals)"])
     cases["session-send"] = (blank_answers(H.SESSION_SEND), ids,
-                             ["tampering in test_pick_device_auto", "get_ipython (kernel machinery)"])
+                             ["get_ipython (kernel machinery)"])
     cases["magic-number"] = (blank_with(H.MAGIC_NUMBER), ids,
-                             ["tampering in test_pick_device_auto", "importlib.util (import machinery)"])
+                             ["importlib.util (import machinery)"])
     cases["frame-leak"] = (_add_cell(solved(pick_device=full["pick_device"] + "\n" + H.FRAME_LEAK_WRAPPER),
-                                     H.FRAME_LEAK_PRINT), ids,
-                           ["tampering in test_pick_device_auto", "f_code"])
-    cases["str-device-as-torch"] = (solved(pick_device=H.STR_DEVICE_AS_TORCH), ids,
-                                    ["tampering in test_pick_device_auto", "poses as another type (__module__)"])
+                                     H.FRAME_LEAK_PRINT), [],
+                           ["f_code"])
+    cases["str-device-as-torch"] = (solved(pick_device=H.STR_DEVICE_AS_TORCH), pick_tests,
+                                    ["poses as another type (__module__)"])
     cases["huge-error"] = (_add_cell(solved(), H.HUGE_ERROR), [], [])
     cases["user-get-ipython"] = (blank_answers(H.USER_GET_IPYTHON), ids,
-                                 ["tampering in test_pick_device_auto", "IPython.get_ipython (kernel machinery)"])
+                                 ["IPython.get_ipython (kernel machinery)"])
     cases["non-callable"] = (blank_with(H.NON_CALLABLE), ids,
-                             ["tampering in test_pick_device_auto", "ipykernel.kernelbase.json_clean", review])
+                             ["ipykernel.kernelbase.json_clean", review])
     cases["symlink"] = (_add_cell(solved(), H.SYMLINK_READ), [], [f"symbolic link {H.SYMLINK_NAME} -> "])
+    # -- issue 32: written against the guard of issue 22, which flagged none of them: blank
+    # answers scored 18/18 (inspect closures, Formatter fields), the Tensor property 18/18
+    # against an honest 16, the type()-built spoof 15/18 against 12, and the traceback-frame
+    # read put 46 of 46 hidden messages in the feedback. Each now earns what its answers earn;
+    # whether the static review flags it is not asserted (ANY_REVIEW).
+    cases["inspect-closures"] = (blank_with(H.INSPECT_CLOSURES), ids, [])
+    cases["formatter-fields"] = (blank_with(H.FORMATTER_FIELDS), ids, [])
+    cases["tensor-alias"] = (_add_cell(solved(build_on=_fixture(A1, "build_on_create_then_move").answers["build_on"]),
+                                       H.TENSOR_PROPERTY_ALIAS, after="setup"),
+                             _fixture(A1, "build_on_create_then_move").loses, [])
+    spoof = H.SPOOF_DEVICE.replace("def f():\n    return _Spoof()", "def pick_device(preferred=None):\n    return _Spoof()")
+    cases["spoof-device"] = (solved(pick_device=spoof), pick_tests, [])
+    frames = H.TRACEBACK_FRAMES.replace("def f():", "def _steal():").replace("    return 3", "    return None")
+    wrapped = full["pick_device"] + "\n" + frames + (
+        "\n_honest_pick = pick_device\ndef pick_device(*args, **kwargs):\n    _steal()\n"
+        "    return _honest_pick(*args, **kwargs)\n")
+    cases["traceback-frames"] = (_add_cell(solved(pick_device=wrapped), H.TRACEBACK_PRINT), [], [])
+    cases["html-entities"] = (_add_cell(solved(), H.HTML_ENTITIES), [], [])
     return cases
 
 
@@ -431,8 +453,10 @@ def graded_class(tmp_path_factory, request):
     if not SANDBOXED:  # as root, grade-class refuses to run kernels unsandboxed unless asked
         cmd.append("--unsandboxed-as-root")
     started = time.monotonic()
+    scratch_before = _grade_class_scratch()
     proc = subprocess.run(cmd, cwd=layout.ROOT, capture_output=True, text=True, timeout=3000,
                           env=layout.env_with_course_tools())
+    scratch_left = sorted(_grade_class_scratch() - scratch_before)
     seconds = time.monotonic() - started
     summary = ClassSummary()
     request.config.pluginmanager.register(summary, "course-class-summary")
@@ -441,7 +465,18 @@ def graded_class(tmp_path_factory, request):
     assert results_json.exists(), f"grade-class failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
     results = {a: {r["student"]: r for r in rs} for a, rs in json.loads(results_json.read_text()).items()}
     return {"course": course, "cases": cases, "results": results, "proc": proc,
-            "sources_before": sources_before, "seconds": seconds, "cmd": cmd}
+            "sources_before": sources_before, "seconds": seconds, "cmd": cmd, "scratch_left": scratch_left}
+
+
+def _grade_class_scratch() -> set[str]:
+    import tempfile
+    return {p.name for p in Path(tempfile.gettempdir()).glob("grade-class-*")}
+
+
+def test_grade_class_leaves_no_scratch_behind(graded_class):
+    """Issue 32: one grade-class-template-* folder per worker was left in TMPDIR after every
+    run, each holding the assignment's source with its hidden tests and a gradebook."""
+    assert not graded_class["scratch_left"], f"left in TMPDIR: {graded_class['scratch_left']}"
 
 
 def _tree_digest(folder):
@@ -463,9 +498,14 @@ STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "
                "forge-traceback", "forge-compile", "forge-torch-code", "forge-tensor-property",
                "forge-guard-disarmed", "forge-str-device", "leak-base64-svg", "nbgrader-markers",
                "live-script", "huge-display-update",
+               "inspect-closures", "formatter-fields", "tensor-alias", "spoof-device", "traceback-frames",
+               "html-entities",
                "closure-key", "closure-key-now", "session-send", "magic-number", "frame-leak",
                "str-device-as-torch", "huge-error", "user-get-ipython", "non-callable", "symlink"]
 STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash"]
+# Issue 32's attacks: graded for their score; the review may or may not flag them.
+ANY_REVIEW = {"inspect-closures", "formatter-fields", "tensor-alias", "spoof-device", "traceback-frames",
+              "html-entities"}
 SANDBOX_ONLY = {"writes-gradebook", "reads-solutions", "escape-as-root", "fork-bomb", "fills-memory"}
 
 
@@ -486,7 +526,7 @@ def test_student_scores_exactly_as_expected(graded_class, name, student):
         unexpected = [f for f in result["flags"] if "tampering" in f or "deleted" in f or "edited" in f]
         assert not unexpected, f"{student}: unexpected flags {unexpected}"
     reviewed = [f for f in result["flags"] if f.startswith("review: ")]
-    if not any(flag in f for flag in flags for f in reviewed):
+    if student not in ANY_REVIEW and not any(flag in f for flag in flags for f in reviewed):
         assert not reviewed, f"{student}: flagged by the static review, expected not: {reviewed}"
 
 
@@ -617,12 +657,14 @@ def test_no_feedback_file_shows_a_hidden_line_in_any_encoding(graded_class):
     files = _feedback_files(course)
     assert any("leak-base64-svg" in str(f) for f in files), "the leaking student got no feedback"
     for name in (A1, A2):
-        hidden = guard.hidden_lines(_source(name))
+        hidden = guard.hidden_lines(_source(name)) | guard.hidden_strings(_source(name))
         assert hidden
         for path in files:
             if path.parent.name != name:
                 continue
-            text = _decoded(path.read_text(encoding="utf-8"))
+            page = path.read_text(encoding="utf-8")
+            assert "tracker.example.org" not in page, f"{path}: a remote reference (a tracking pixel)"
+            text = _decoded(page) + "\n" + guard.plain_text(_decoded(page))
             leaked = [h for h in hidden if h in text]
             assert not leaked, f"{path} shows hidden test code: {leaked[:3]}"
             assert '<text x="0"' not in path.read_text(encoding="utf-8"), f"{path}: a student's SVG drawing"
@@ -699,11 +741,9 @@ def test_review_flags_show_in_the_feedback_and_the_csv(graded_class):
     assert "FlaggedForReview" in page and "get_ipython" in page
     rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(open(course.root / "grades.csv"))}
     assert "get_ipython (kernel machinery)" in rows[(A1, "session-send")]["flags"]
-    assert "tampering in test_pick_device_auto" in rows[(A1, "session-send")]["flags"]
     assert rows[(A1, "correct")]["flags"] == ""
     forged = graded_class["results"][A1]["closure-key-now"]
-    print(f"closure-key-now (a forgery against this guard) scored {forged['score']}/{forged['max_score']}, "
-          f"flagged: {forged['flags']}")
+    assert forged["score"] == 0, f"closure-key-now scored {forged['score']}/{forged['max_score']}"
 
 
 def test_hostile_submissions_changed_no_source(graded_class):
