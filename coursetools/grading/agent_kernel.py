@@ -65,6 +65,7 @@ class Agent:
         self.next_ref = 1
         self.stubs = {}
         self.input = None
+        self.sequence = 0
 
     # -- encoding (kernel -> grader) ---------------------------------------------------------
     def ref(self, value):
@@ -241,7 +242,13 @@ class Agent:
 
     # -- the loop ------------------------------------------------------------------------------
     def receive(self, answer):
-        return _json.loads(self.input(_json.dumps(answer)))
+        self.sequence += 1
+        answer["n"] = self.sequence  # a prompt asked again keeps its number: the grader skips it
+        prompt = _json.dumps(answer)
+        while True:
+            line = self.input(prompt)
+            if line.strip():  # an empty reply: the grader did not get the prompt, ask again
+                return _json.loads(line)
 
     def serve(self):
         self.input = _builtins.input  # the kernel's raw_input for this request

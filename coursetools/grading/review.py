@@ -50,8 +50,9 @@ The constructs (`CONSTRUCTS`), each tested in tests/grading/test_review.py:
   class bodies that pose as another type (`__class__`, `__module__`, `__qualname__`,
   `__instancecheck__`, `__subclasscheck__`);
 * **obfuscation**, flagged as such: `getattr`/`setattr`/`delattr` with a computed name on a
-  module or the builtins (`getattr(torch, device.type).synchronize()` stays allowed: a computed
-  name on `torch` itself, used at once for a device module's public function),
+  module or the builtins (`getattr(torch, device.type).synchronize()` and
+  `getattr(torch, d.type, None)` stay allowed: a computed name on `torch` itself, used at once
+  for a device module's public function, or with a default, or a device's `.type`),
   `__import__`/`import_module` with a computed name, a string that spells a flagged name
   built from pieces (`"ev" + "al"`, `"".join(...)`, `chr(...)`, slicing), any string that
   names one (`"_getframe"`), and decoding at run time (`base64`, `codecs.decode`, `binascii`,

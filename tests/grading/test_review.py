@@ -46,6 +46,8 @@ def test_the_untouched_release_is_not_flagged():
 HONEST = {
     "device module by name": "def sync(device):\n    getattr(torch, device.type).synchronize()",
     "accelerator if present": "acc = getattr(torch, 'accelerator', None)",
+    "availability check (issue 32)": "def has(d):\n    backend = getattr(torch, d.type, None)\n    return backend is not None",
+    "device module of a kind (issue 32)": "def backend(kind):\n    return getattr(torch, str(kind), None)",
     "cudnn switch": "torch.backends.cudnn.benchmark = True\ntorch.backends.cuda.matmul.allow_tf32 = False",
     "gc.collect": "import gc\ngc.collect()",
     "attributes of own objects": (
