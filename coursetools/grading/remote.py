@@ -76,7 +76,7 @@ def init_code() -> str:
             "pass")
 
 
-NUDGE_S = 2.0
+NUDGE_S = 0.25
 
 
 class KernelGone(Exception):
