@@ -123,6 +123,7 @@ class Channel:
         self.opaque_ids: dict[int, int] = {}
         self.alive_checked = time.monotonic()
         self.sequence = 0
+        self.connected = False
 
     def close(self) -> None:
         try:
@@ -164,10 +165,11 @@ class Channel:
                 msg = self.kc.get_stdin_msg(timeout=0.05)
             except Empty:
                 msg = None
-            if msg is None and now > nudge:
+            if msg is None and now > nudge and not self.connected:
                 # The kernel's ROUTER drops a message to a peer whose connection is not up yet
-                # (a fresh client): an empty reply makes the agent ask again. A kernel busy in
-                # the student's code discards it (ipykernel purges stale replies).
+                # (a fresh client's first prompt): an empty reply makes the agent ask again.
+                # Only until the first prompt arrived: later ones are never lost, and a stale
+                # reply could make ipykernel's input() purge a real one.
                 self.kc.input("")
                 nudge = now + NUDGE_S
             self._drain_iopub()
@@ -189,6 +191,7 @@ class Channel:
                         continue  # a prompt asked again after a nudge: already answered
                     if isinstance(number, int):
                         self.sequence = number
+                    self.connected = True
                     return answer
                 continue
             try:

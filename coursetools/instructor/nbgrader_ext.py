@@ -331,7 +331,13 @@ def sanitize_rich_outputs(nb: NotebookNode) -> None:
     sanitized, every Markdown output rendered and sanitized into HTML (issue 32: redaction ran
     first, and the sanitizer turned `&#115;` back into letters)."""
     for cell in nb.cells:
-        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+        sanitize_cell_outputs(cell)
+
+
+def sanitize_cell_outputs(cell: NotebookNode) -> None:
+    """sanitize_rich_outputs for one cell, in place."""
+    if cell.cell_type == "code":
+        for out in cell.get("outputs", []):
             data = out.get("data") if out.output_type in ("display_data", "execute_result") else None
             if not data:
                 continue
@@ -353,7 +359,7 @@ class SafeOutputs(NbGraderPreprocessor):
                 cell.source = sanitize_markdown(cell.source)
             return cell, resources
         kept = []
-        sanitize_rich_outputs(v4.new_notebook(cells=[cell]))
+        sanitize_cell_outputs(cell)
         for out in cell.get("outputs", []):
             if out.output_type in ("display_data", "execute_result"):
                 data = out.get("data", {})

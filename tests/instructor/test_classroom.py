@@ -543,7 +543,7 @@ def test_summary_lists_every_student_and_the_flags(graded_class):
     for student in STUDENTS_01 + ["invalid-json"]:
         assert re.search(rf"^{re.escape(student)}\s", out, re.M), f"{student} missing from the summary"
     assert "flagged for a human look" in out
-    assert re.search(r"autograde [^\n]*\[#+\.*\] \d+/48 ", graded_class["proc"].stderr), "a progress bar is shown"
+    assert re.search(r"autograde [^\n]*\[#+\.*\] \d+/\d+ ", graded_class["proc"].stderr), "a progress bar is shown"
 
 
 @needs_sandbox
@@ -663,7 +663,9 @@ def test_no_feedback_file_shows_a_hidden_line_in_any_encoding(graded_class):
             if path.parent.name != name:
                 continue
             page = path.read_text(encoding="utf-8")
-            assert "tracker.example.org" not in page, f"{path}: a remote reference (a tracking pixel)"
+            loads = re.findall(r"<(?:img|image|source|video|audio|iframe|link|script)\b[^>]*\b(?:src|href)\s*=\s*[\"']?https?:",
+                               page, flags=re.I)
+            assert not loads and "url(http" not in page, f"{path}: a remote reference (a tracking pixel): {loads[:2]}"
             text = _decoded(page) + "\n" + guard.plain_text(_decoded(page))
             leaked = [h for h in hidden if h in text]
             assert not leaked, f"{path} shows hidden test code: {leaked[:3]}"
@@ -707,11 +709,15 @@ def test_a_huge_display_update_or_error_is_capped(graded_class, student):
 def test_no_feedback_file_shows_a_hidden_test_string_constant(graded_class):
     """Issue 22: a function called by a hidden test kept the test's code object and a later
     cell printed its string constants (46 hidden-test messages in that student's feedback).
-    No feedback file shows one, in plain text, HTML or base64."""
+    Issue 32: the tests no longer run in the kernel, so what the frame-leak and traceback-frames
+    students print holds none of them, before any redaction. No feedback file shows one, in
+    plain text, HTML or base64."""
     course = graded_class["course"]
-    printed = "".join(o.get("text", "") for c in course.autograded_notebook("frame-leak", A1).cells
-                      for o in c.get("outputs", []))
-    assert guard.REDACTED in printed, "the frame-leak student printed nothing that was redacted"
+    for student in ("frame-leak", "traceback-frames"):
+        printed = "".join(str(o.get("text", "")) for c in course.autograded_notebook(student, A1).cells
+                          for o in c.get("outputs", []))
+        assert len(printed) > 200, f"{student} printed nothing: the attack did not run"
+        assert guard.REDACTED not in printed, f"{student}: something needed redacting"
     for name in (A1, A2):
         constants = guard.hidden_strings(_source(name))
         assert constants
