@@ -34,10 +34,8 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
-import itertools
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -941,10 +939,6 @@ def _local_type(*args):
     if len(args) == 1 and isinstance(args[0], Proxy):
         return _builtin(args[0], "type")
     return builtins.type(*args)
-
-
-def _local_isinstance(obj, klass):
-    return builtins.isinstance(obj, klass)
 
 
 class TestSession:
