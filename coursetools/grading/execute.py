@@ -389,7 +389,7 @@ def execute_resilient(
         # Tests run in this process (coursetools.grading.remote); the kernel gets the agent.
         helpers = "\n\n".join(c.source for c in nb.cells if c.cell_type == "code"
                                and not notebooks.is_test_cell(c) and notebooks.grade_id(c) == "helpers")
-        session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000))
+        session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd)
         init = remote.init_code()
         if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):
             # PyTorch's first operation on the meta device imports hundreds of modules (1.6 s

@@ -36,6 +36,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -946,8 +947,12 @@ class TestSession:
     namespace shared by the notebook's test cells (as the kernel's was: a name one test cell
     assigns is seen by the next). A new kernel (after a crash) starts both afresh."""
 
-    def __init__(self, helpers_source: str = "", max_output_bytes: int = 2_000_000):
+    def __init__(self, helpers_source: str = "", max_output_bytes: int = 2_000_000,
+                 cwd: str | os.PathLike | None = None):
         self.helpers_source = helpers_source
+        # The kernel's working folder: a test that opens a file the assignment ships
+        # ("data.csv") reads it from there, as it did when tests ran in the kernel.
+        self.cwd = os.fspath(cwd) if cwd is not None else None
         self.max_output_bytes = max_output_bytes
         self.km = None
         self.channel: Channel | None = None
@@ -1052,7 +1057,7 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
                 ns[name] = session.from_kernel[name] = channel.request({"op": "global", "name": name})
             elif name in session.from_kernel and ns.get(name) is session.from_kernel[name]:
                 del ns[name], session.from_kernel[name]
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), _working_folder(session.cwd):
             exec(code, ns)
         if channel.failures:
             failure = channel.failures[0]
@@ -1098,6 +1103,21 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
                                  traceback=["Traceback (the grader's run of this test):", *lines,
                                             f"{ename}: {evalue}"]))
     return TestResult(False, outputs, ename, evalue)
+
+
+@contextlib.contextmanager
+def _working_folder(path: str | None):
+    """Run a test cell with the kernel's working folder as this process's (the grader runs
+    one notebook's cells at a time, so the change is seen by nothing else)."""
+    if not path:
+        yield
+        return
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def _stream(text: str) -> list:
