@@ -529,15 +529,29 @@ def file_system_view(config: SandboxConfig, *, writable: list[str], scratch: str
     # covered by an empty one; binds inside it (its own .venv) are laid over that again.
     hidden = [p for p in dict.fromkeys(os.path.realpath(h) for h in hidden_rules)
               if os.path.isdir(p) and any(_inside(p, b) and p != b for b in binds)]
+    # /sys is bound for what PyTorch reads there (CPU topology), but its cgroup tree is the
+    # host's: every other grading kernel's cgroup and memory use. The kernel sees it empty.
+    if "/sys" in binds and os.path.isdir(CGROUP_VIEW) and CGROUP_VIEW not in hidden:
+        hidden.append(CGROUP_VIEW)
     return FileSystemView(binds=sorted(binds), writable=writable, hidden=hidden,
                           symlinks=symlinks, scratch=scratch, tmpfs_bytes=config.tmpfs_mb * MIB)
 
 
-# Runs as the grader, before anything starts: join the kernel's cgroups.
+CGROUP_VIEW = "/sys/fs/cgroup"
+# Runs as the grader, before anything starts: join the kernel's cgroups (the files before
+# "--"), then become bwrap (after the count of its options) with those options read from a
+# pipe (`--args 3`) and the command on its command line. With
+# --unshare-pid, bwrap's own process is pid 1 of the sandbox, and every kernel can read pid
+# 1's command line: given on the command line, the options would show it the host's paths
+# (the work folder, the scratch folder, the venv, the connection folder).
 LAUNCHER = r'''
 for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done
 shift
-exec "$@"
+n=$1 exe=$2
+shift 2
+exec 3< <(printf '%s\0' "${@:1:n}")
+shift "$n"
+exec "$exe" --args 3 -- "$@"
 '''
 # Runs inside the sandbox: copy the scratch folder's files into the kernel's tmpfs working
 # folder, start the kernel there.
@@ -596,10 +610,12 @@ def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str],
              # parent outside a PID namespace looks like; --die-with-parent does that job.
              "--unsetenv", "JPY_PARENT_PID", "--"]
     copy_in = [_bash(), "-c", INSIDE, "sandbox-inside", INPUT, scratch] if scratch else []
-    full = [*args, *inside, *_limits(config, nproc=_nproc(recipe, config, cgroup)), *copy_in, *cmd]
-    if cgroup is not None:
-        full = [_bash(), "-c", LAUNCHER, "sandbox-launch", *cgroup.procs, "--", *full]
-    return full
+    assert args[-1] == "--"
+    options = args[1:-1]  # bwrap's own: given through a pipe, never on its command line
+    command = [*inside, *_limits(config, nproc=_nproc(recipe, config, cgroup)), *copy_in, *cmd]
+    procs = cgroup.procs if cgroup is not None else []
+    return [_bash(), "-c", LAUNCHER, "sandbox-launch", *procs, "--", str(len(options)), exe,
+            *options, *command]
 
 
 # Runs inside the sandbox as the kernel would: for each path the kernel needs, the first

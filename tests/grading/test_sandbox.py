@@ -465,3 +465,37 @@ def test_the_kernel_sees_only_what_it_needs(course, tmp_path):
     assert set(out["top"]) <= allowed_top | roots, out["top"]
     assert "shadow" not in out["etc"] and "ssh" not in out["etc"], out["etc"]
     assert out["count"] == 0, out["other files"]  # nothing but the interpreter's own files there
+
+
+@needs_sandbox
+def test_the_kernel_sees_nothing_of_its_neighbours(course):
+    """From inside, the sandbox shows nothing of the host's other kernels or folders: the
+    cgroup tree under /sys is empty (the host's shows every grading kernel's cgroup and its
+    memory use), and pid 1's command line holds none of bwrap's options (bwrap reads
+    them, the host's paths among them, from a pipe), only the command. Any path another process of the sandbox names
+    (the interpreter, the working folder) is one the kernel sees anyway."""
+    root, scratch = course
+    code = """
+    cmdlines, unseen = {}, []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\\0")
+            except OSError:
+                continue
+            cmdlines[pid] = argv
+            unseen += [(pid, a) for a in argv if a.startswith("/") and "\\n" not in a
+                       and not os.path.exists(a)]
+    cgroup = sorted(os.listdir("/sys/fs/cgroup")) if os.path.isdir("/sys/fs/cgroup") else None
+    print(json.dumps({"cmdlines": cmdlines, "unseen": unseen, "cgroup": cgroup,
+                      "sys": sorted(os.listdir("/sys"))}))
+    """
+    rc, out, proc = run_in_sandbox(code, course)
+    assert rc == 0 and out, proc.stderr
+    assert out["cgroup"] in ([], None), out["cgroup"]
+    assert "devices" in out["sys"], out["sys"]  # the rest of /sys is still there
+    pid1 = [a for a in out["cmdlines"]["1"] if a]
+    assert os.path.basename(pid1[0]) == "bwrap" and pid1[1:4] == ["--args", "3", "--"], pid1
+    assert not {"--ro-bind", "--bind", "--tmpfs", "--symlink", "--perms"} & set(pid1), pid1
+    assert not any(str(root) in " ".join(argv) for argv in out["cmdlines"].values()), out["cmdlines"]
+    assert out["unseen"] == [], out["unseen"]
