@@ -22,7 +22,8 @@ from nbgrader.preprocessors import (  # noqa: E402
 
 from coursetools.grading.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
 from coursetools.instructor.nbgrader_ext import (  # noqa: E402
-    ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells, preflight_hook,
+    ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells, feedback_template_dirs,
+    preflight_hook,
 )
 
 c.CourseDirectory.root = _ROOT
@@ -72,6 +73,9 @@ c.Autograde.pre_convert_hook = preflight_hook
 # and HTML/Markdown from students goes through nbconvert's sanitizer.
 c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, ClearHiddenTestsSafely, SafeOutputs]
 c.HTMLExporter.sanitize_html = True
+# ... and loads nothing from elsewhere: nbgrader's feedback template would fetch MathJax from
+# a CDN in every page; the course's template folder, searched first, makes that macro empty.
+c.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
 
 # One machine: nbgrader's exchange is local-exchange/ in the course (git-ignored), so that
 # release -> fetch (as a student) -> submit -> collect -> autograde work before a class

@@ -183,7 +183,7 @@ def _worker_config(config_bytes: bytes, root: Path):
     cut after the execution step (the coordinator records the grades)."""
     from traitlets.config import Config
 
-    from coursetools.instructor.nbgrader_ext import ResilientExecute
+    from coursetools.instructor.nbgrader_ext import ResilientExecute, feedback_template_dirs
 
     config = pickle.loads(config_bytes)
     assert isinstance(config, Config)
@@ -204,6 +204,8 @@ def _worker_config(config_bytes: bytes, root: Path):
     config.GenerateAssignment.post_convert_hook = None
     hide = list(config.ResilientExecute.get("hide", []))
     config.ResilientExecute.hide = [*hide, str(root)]
+    # The feedback templates of this machine (the coordinator's paths may not exist here).
+    config.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
     return config
 
 
@@ -288,10 +290,9 @@ def _feedback(config, task: Task) -> tuple[dict[str, str], str]:
     penalty; record.Recorder checks)."""
     from nbgrader.converters import GenerateFeedback
     from nbgrader.coursedir import CourseDirectory
-    from traitlets.config import Config
+    from coursetools.instructor import nbgrader_ext
 
-    feedback_config = Config(config)
-    feedback_config.HTMLExporter.template_name = "feedback"
+    feedback_config = nbgrader_ext.feedback_config(config)
     coursedir = CourseDirectory(config=feedback_config)
     coursedir.assignment_id, coursedir.student_id = task.assignment, task.student
     app = GenerateFeedback(coursedir=coursedir, config=feedback_config)

@@ -312,6 +312,18 @@ def _attribute_allowed(tag: str, name: str, value: str) -> bool:
     return False
 
 
+_REMOTE_LOAD = re.compile(
+    r"<(?:img|image|source|video|audio|iframe|embed|object|link|script)\b[^>]*?\b(?:src|href|data)\s*=\s*[\"']?"
+    r"((?:https?:)?//[^\"'\s>]+)|url\(\s*[\"']?((?:https?:)?//[^\"')\s]+)", re.I)
+
+
+def remote_references(page: str) -> list[str]:
+    """What an HTML page would load from elsewhere when opened: the addresses of its remote
+    scripts, style sheets, images, frames and CSS url()s (links a reader may follow are not
+    loads). A feedback page has none."""
+    return [a or b for a, b in _REMOTE_LOAD.findall(page)]
+
+
 def sanitize_html(html: str) -> str:
     import bleach
 
@@ -346,6 +358,29 @@ def sanitize_cell_outputs(cell: NotebookNode) -> None:
                 data.setdefault("text/html", rendered)
             if isinstance(data.get("text/html"), str):
                 data["text/html"] = sanitize_html(data["text/html"])
+
+
+
+def feedback_template_dirs() -> list[str]:
+    """HTMLExporter.extra_template_basedirs for feedback pages: the course's own (a mathjax
+    macro that loads nothing, so no page fetches from a CDN), then nbgrader's, which holds
+    the feedback template itself (nbgrader adds it only when the setting is unset)."""
+    import nbgrader
+    ours = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+    theirs = os.path.join(os.path.dirname(os.path.abspath(nbgrader.__file__)),
+                          "server_extensions", "formgrader", "templates")
+    return [ours, theirs]
+
+
+def feedback_config(config):
+    """The configuration GenerateFeedback runs with: `config`, nbgrader's feedback template,
+    and the course's template folder first (feedback_template_dirs)."""
+    from traitlets.config import Config
+    out = Config(config)
+    out.HTMLExporter.template_name = "feedback"
+    if "extra_template_basedirs" not in config.get("HTMLExporter", {}):
+        out.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
+    return out
 
 
 class SafeOutputs(NbGraderPreprocessor):

@@ -239,8 +239,8 @@ class Recorder:
             self._write_feedback(outcome)
             self.feedback_from_workers += 1
             return True
-        feedback_config = Config(self.config)
-        feedback_config.HTMLExporter.template_name = "feedback"
+        from coursetools.instructor import nbgrader_ext
+        feedback_config = nbgrader_ext.feedback_config(self.config)
         coursedir = CourseDirectory(config=feedback_config)
         coursedir.assignment_id, coursedir.student_id = outcome.assignment, outcome.student
         app = GenerateFeedback(coursedir=coursedir, config=feedback_config)

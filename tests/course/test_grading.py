@@ -34,6 +34,7 @@ import pytest
 from coursetools.author import fixture_groups, fixtures
 from coursetools import layout, notebooks
 from coursetools.author.nbgrader_course import NbgraderCourse
+from coursetools.instructor import nbgrader_ext
 from coursetools.publish.i18n import build as i18n_build
 from coursetools.publish.i18n import markdown as i18n_markdown
 
@@ -276,6 +277,9 @@ def check_chinese_submission(g: Graded, student: str) -> None:
                     if line.startswith("## ") and i18n_markdown.CJK.search(line)]
         assert headings and all(h.replace("`", "") in text for h in headings[:3]), (
             f"the feedback does not show the Chinese statement ({headings[:3]})")
+        # `nbgrader generate_feedback` with the course's configuration: the page loads nothing
+        # from elsewhere (nbgrader's template alone would fetch MathJax from a CDN).
+        assert not nbgrader_ext.remote_references(page), nbgrader_ext.remote_references(page)[:3]
 
 
 # One test class per shard: pytest-xdist's `--dist loadscope` (what `make.py test` uses) sends

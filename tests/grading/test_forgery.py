@@ -442,7 +442,7 @@ def test_feedback_loads_nothing_remote_and_redacts_what_a_reader_would_see():
     decoded text; only data: images remain."""
     from nbconvert import HTMLExporter
 
-    from coursetools.instructor.nbgrader_ext import sanitize_rich_outputs
+    from coursetools.instructor.nbgrader_ext import remote_references, sanitize_rich_outputs
 
     secret = "secret_hidden_message"
     cell = v4.new_code_cell("x")
@@ -463,4 +463,9 @@ def test_feedback_loads_nothing_remote_and_redacts_what_a_reader_would_see():
     html += markdown2html(nb.cells[1].source)
     assert secret not in guard.plain_text(html), "the hidden message is readable in the feedback"
     assert "tracker.example.org" not in html, "a remote reference is left in the feedback"
+    # The check the class simulation and the Chinese feedback page go through (an nbgrader
+    # feedback page, unlike this bare export, loads nothing: tests/instructor/test_classroom.py).
+    assert remote_references('<img alt="p" src="https://tracker.example.org/p.gif"><script src=//cdn.example/x.js>'
+                             '<div style="background: url(https://tracker.example.org/c.png)">') == [
+        "https://tracker.example.org/p.gif", "//cdn.example/x.js", "https://tracker.example.org/c.png"]
     assert html.count("data:image/png;base64,iVBORw0KGgo=") >= 2, "data: images stay"
