@@ -83,6 +83,7 @@ class ExecutionReport:
     seconds: float = 0.0
     dropped_output_bytes: int = 0
     sent: set[str] = field(default_factory=set)  # every string the grader sent the kernel's agent
+    received: set[str] = field(default_factory=set)  # every string the agent answered with
 
 
 def _size(value: Any) -> int:
@@ -411,6 +412,7 @@ def execute_resilient(
     if session is None:
         return report
     report.sent = set(session.sent)
+    report.received = set(session.received)
     # Map the run (the agent's cell first) back onto the notebook's own cells.
     shift = lambda j: j - 1 if j is not None and j > 0 else (None if j is None else 0)
     report.outcomes = report.outcomes[1:]

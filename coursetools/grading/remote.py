@@ -117,6 +117,7 @@ class Channel:
         self.callback_ids: dict[int, int] = {}
         self.failures: list[BaseException] = []
         self.sent: set[str] = set()  # every string the grader sent to the kernel (tests read it)
+        self.received: set[str] = set()  # every string the kernel's answers held (the same)
         self.opaque: dict[int, Any] = {}
         self.iterated: dict[int, Any] = {}
         self.opaque_ids: dict[int, int] = {}
@@ -191,6 +192,7 @@ class Channel:
                     if isinstance(number, int):
                         self.sequence = number
                     self.connected = True
+                    _strings_in(answer, self.received)
                     return answer
                 continue
             try:
@@ -959,6 +961,7 @@ class TestSession:
         self.namespace: dict = {}
         self.from_kernel: dict[str, Any] = {}
         self.sent: set[str] = set()  # every string sent to any kernel of this notebook
+        self.received: set[str] = set()  # every string any kernel of this notebook answered
 
     def bind(self, km, deadline: float) -> Channel:
         if self.channel is None or km is not self.km:
@@ -966,6 +969,7 @@ class TestSession:
             self.km = km
             self.channel = Channel(km, deadline, self.max_output_bytes)
             self.channel.sent = self.sent
+            self.channel.received = self.received
             self.namespace = {}
             self.from_kernel = {}
         self.channel.deadline = deadline
