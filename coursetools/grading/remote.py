@@ -1111,8 +1111,8 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
 
 @contextlib.contextmanager
 def _working_folder(path: str | None):
-    """Run a test cell with the kernel's working folder as this process's (the grader runs
-    one notebook's cells at a time, so the change is seen by nothing else)."""
+    """Run a test cell with the kernel's working folder as this process's (a grading process
+    runs one submission at a time, gradejob._LOCK, so the change is seen by nothing else)."""
     if not path:
         yield
         return

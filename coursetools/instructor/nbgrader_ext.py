@@ -360,7 +360,6 @@ def sanitize_cell_outputs(cell: NotebookNode) -> None:
                 data["text/html"] = sanitize_html(data["text/html"])
 
 
-
 def feedback_template_dirs() -> list[str]:
     """HTMLExporter.extra_template_basedirs for feedback pages: the course's own (a mathjax
     macro that loads nothing, so no page fetches from a CDN), then nbgrader's, which holds
