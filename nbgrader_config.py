@@ -22,7 +22,7 @@ from nbgrader.preprocessors import (  # noqa: E402
 
 from coursetools.grading.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
 from coursetools.instructor.nbgrader_ext import (  # noqa: E402
-    ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells, feedback_template_dirs,
+    FEEDBACK_FILTERS, ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells, feedback_template_dirs,
     preflight_hook,
 )
 
@@ -76,6 +76,8 @@ c.HTMLExporter.sanitize_html = True
 # ... and loads nothing from elsewhere: nbgrader's feedback template would fetch MathJax from
 # a CDN in every page; the course's template folder, searched first, makes that macro empty.
 c.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
+# HTML in feedback goes through the course's sanitizer (it keeps the collapsed "How to fix").
+c.HTMLExporter.filters = dict(FEEDBACK_FILTERS)
 
 # One machine: nbgrader's exchange is local-exchange/ in the course (git-ignored), so that
 # release -> fetch (as a student) -> submit -> collect -> autograde work before a class

@@ -48,6 +48,8 @@ from pathlib import Path
 from queue import Empty
 from typing import Any, Callable
 
+from coursetools.grading import hints
+
 AGENT_NAME = "__course_agent__"
 SERVE_CODE = f"__import__('sys').modules[{AGENT_NAME!r}].serve()"
 TEST_FILE = "<grader test {}>"
@@ -60,7 +62,7 @@ LOCAL_MODULES = frozenset({"math", "itertools", "re", "string", "textwrap", "ope
 
 # Helpers of the chapters' locked cells that a test calls with its own hints and messages:
 # they run here (their source, taken from the notebook's helpers cell), never in the kernel.
-LOCAL_HELPERS = frozenset({"expect_error", "call_answer", "call", "expect_warning"})
+LOCAL_HELPERS = frozenset({"expect_error", "call_answer", "call", "expect_warning", "fix_hint"})
 
 
 def agent_source() -> str:
@@ -1048,6 +1050,9 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
         if helper_defs and not ns.get("__grader_helpers_loaded__"):
             exec(compile(helper_defs, HELPERS_FILE, "exec", dont_inherit=True), ns)
             ns["__grader_helpers_loaded__"] = True
+        # Feedback in two steps (coursetools/grading/hints.py): the grader's messages always
+        # carry the fix, after hints.FIX_MARKER; what is shown of it is the display's choice.
+        ns.update(hints.grader_namespace())
         # Names from the kernel are looked up afresh for every test cell (the student may have
         # redefined an answer in between); names a test cell assigned stay the tests' own.
         ns["__grader_cm__"] = _grader_cm

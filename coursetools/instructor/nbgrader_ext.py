@@ -17,7 +17,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Bool, Integer, List, Unicode
 
-from coursetools.grading import execute, guard, review
+from coursetools.grading import execute, guard, hints, review
 from coursetools import notebooks
 from coursetools.grading.execute import (
     BUDGET_ENAME,
@@ -108,8 +108,37 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
     line = _failing_line(first)
     if line is None or line in _hidden_line_numbers(cell.source):
         return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)")]
-    message = _ANSI.sub("", first.get("evalue", ""))[:1000]
-    return [execute.error_output(ename, f"{message} (test line {line})")]
+    observed, fix = hints.split(_ANSI.sub("", first.get("evalue", "")))
+    message = f"{observed[:1000]} (test line {line})"
+    return [execute.error_output(ename, message + (hints.FIX_MARKER + fix[:1000] if fix else ""))]
+
+
+def fix_details(fix: str) -> NotebookNode:
+    """How to fix a failing test, for a feedback page: collapsed under "How to fix" (the
+    message above it says what was observed and which rule that breaks)."""
+    import html
+    body = html.escape(fix).replace("\n", "<br>")
+    return v4.new_output("display_data", data={
+        "text/html": f"<details><summary>How to fix</summary><p>{body}</p></details>",
+        "text/plain": f"How to fix: {fix}"})
+
+
+def fold_fixes(cell: NotebookNode) -> None:
+    """A test cell's failure in feedback: the observation stays in the error, the fix
+    (after hints.FIX_MARKER) moves under a collapsed "How to fix" after it."""
+    if not (utils.is_grade(cell) and not utils.is_solution(cell)):
+        return
+    outputs = []
+    for out in cell.get("outputs", []):
+        outputs.append(out)
+        if out.output_type != "error":
+            continue
+        observed, fix = hints.split(out.get("evalue", ""))
+        if fix:
+            out.evalue = observed
+            out.traceback = [f"{out.get('ename', 'Error')}: {observed}"]
+            outputs.append(fix_details(fix))
+    cell.outputs = outputs
 
 
 class ResilientExecute(NbGraderPreprocessor):
@@ -330,6 +359,17 @@ def sanitize_html(html: str) -> str:
     return bleach.clean(html, tags=_SAFE_TAGS, attributes=_attribute_allowed, protocols=["data"], strip=True)
 
 
+def clean_html(element) -> str:
+    """nbconvert's `clean_html` template filter for feedback pages (FEEDBACK_FILTERS): the
+    course's sanitizer, which also keeps <details>/<summary> (the collapsed "How to fix")
+    and lets no remote reference through."""
+    return sanitize_html(element.decode() if isinstance(element, bytes) else str(element))
+
+
+# HTMLExporter.filters of feedback pages: nbconvert's own clean_html escapes <details>.
+FEEDBACK_FILTERS = {"clean_html": "coursetools.instructor.nbgrader_ext.clean_html"}
+
+
 def sanitize_markdown(source: str) -> str:
     """Markdown rendered to HTML with only harmless tags and attributes left, and no remote
     reference (nbgrader's feedback template renders Markdown cells without nbconvert's sanitizer)."""
@@ -379,6 +419,8 @@ def feedback_config(config):
     out.HTMLExporter.template_name = "feedback"
     if "extra_template_basedirs" not in config.get("HTMLExporter", {}):
         out.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
+    if "filters" not in config.get("HTMLExporter", {}):
+        out.HTMLExporter.filters = dict(FEEDBACK_FILTERS)
     return out
 
 
@@ -405,4 +447,5 @@ class SafeOutputs(NbGraderPreprocessor):
                 out.get("metadata", {}).clear()
             kept.append(out)
         cell.outputs = kept
+        fold_fixes(cell)
         return cell, resources

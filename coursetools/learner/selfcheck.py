@@ -41,7 +41,7 @@ from nbformat import NotebookNode, v4
 
 from coursetools.learner import lab
 from coursetools import layout, notebooks
-from coursetools.grading import review
+from coursetools.grading import hints, review
 from coursetools.grading.execute import CELL_TIMEOUT_S, KernelStartError, Outcome, execute_resilient
 from coursetools.publish.i18n import describe_test, notebook_language, set_language, tr
 from coursetools.notebooks import NotebookError
@@ -142,7 +142,9 @@ def _message(cell: NotebookNode, outcome: Outcome) -> str:
                 return f"{out.ename}: {out.evalue}".strip()
             where = _where(out)
             if where:  # not a check that failed: the code under test raised while the test ran
-                return f"{out.ename}: {out.evalue}".strip() + "  " + tr("[raised by your code, {where}]").format(where=where)
+                observed, fix = hints.split(out.evalue)
+                return (f"{out.ename}: {observed}".strip() + "  " + tr("[raised by your code, {where}]").format(where=where)
+                        + (hints.FIX_MARKER + fix if fix else ""))
             return f"{out.ename}: {out.evalue}".strip()
         if out.output_type == "stream" and out.get("name") == "stderr":
             first = out.text.strip().splitlines()[0] if out.text.strip() else ""
@@ -219,7 +221,10 @@ def format_findings(findings: list[review.Finding]) -> str:
 
 
 def format_report(path: Path, name: str, results: list[QuestionResult], seconds: float,
-                  visible_only: bool, findings: list[review.Finding] | None = None) -> str:
+                  visible_only: bool, findings: list[review.Finding] | None = None,
+                  explain: bool = False) -> str:
+    """The learner's report. A failing test's message says what was observed and which rule
+    that breaks; how to fix it (the part after hints.FIX_MARKER) is shown with `explain`."""
     which = tr("visible tests only") if visible_only else tr("visible and hidden tests")
     lines = [tr("Self-check of {path} (assignment {name}; {which}; your file is not modified)").format(
         path=path, name=name, which=which), ""]
@@ -227,14 +232,18 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
     for r in results:
         mark = "ok  " if r.score == r.max_score else "FAIL"
         lines.append(f"  {mark} {r.score:g}/{r.max_score:g}  {r.grade_id:<{width}}  {describe_test(name, r.what)}")
-        if r.message:
-            lines.append(textwrap.indent(textwrap.fill(_shorten(r.message), width=96), " " * 12))
+        observed, fix = hints.split(r.message)
+        if observed:
+            lines.append(textwrap.indent(textwrap.fill(_shorten(observed), width=96), " " * 12))
+        if fix and explain:
+            lines.append(textwrap.indent(textwrap.fill(tr("How to fix: ") + _shorten(fix), width=96), " " * 14))
     total = sum(r.score for r in results)
     possible = sum(r.max_score for r in results)
     lines += ["", tr("Score: {total}/{possible}   ({seconds} s)").format(
         total=f"{total:g}", possible=f"{possible:g}", seconds=f"{seconds:.1f}")]
-    if total < possible:
-        lines.append(tr("Fix the first failing question first: later ones often use its answer."))
+    if not explain and any(hints.split(r.message)[1] for r in results):
+        lines.append(tr("Stuck on one? `python3 make.py check --explain {path}` also says how to fix each failure.").format(
+            path=path))
     return "\n".join(lines) + format_findings(findings or [])
 
 
@@ -250,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the tests you can see in the notebook (as in Colab)")
     parser.add_argument("--as-given", action="store_true",
                         help="grade exactly the file given, even where `make.py lab` made you a copy")
+    parser.add_argument("--explain", action="store_true",
+                        help="also say how to fix each failing test (by default: what was observed, and the rule)")
     parser.add_argument("--lang", choices=("en", "zh"), default=None,
                         help="the report's language (default: Chinese for a notebook of the Chinese edition)")
     args = parser.parse_args(argv)
@@ -275,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
               "`python3 make.py lab` once reinstalls .venv if it is broken)", file=sys.stderr)
         return 2
     print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only,
-                        findings))
+                        findings, explain=args.explain))
     if not results:
         return 2
     return 0 if all(r.score == r.max_score for r in results) else 1

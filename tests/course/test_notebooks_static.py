@@ -211,6 +211,26 @@ def test_relative_links_point_at_existing_files(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_fix_hints_are_the_one_helper(path):
+    """Feedback in two steps: a notebook whose tests call fix_hint defines it (and SHOW_FIXES)
+    in its locked helpers cell byte for byte as coursetools/grading/hints.py's HELPER_SOURCE,
+    the one the grader replaces with its own; an answer cell never calls it."""
+    from coursetools.grading import hints
+
+    nb = notebooks.read(path)
+    calls = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "fix_hint(" in c.source
+             and "def fix_hint" not in c.source]
+    defining = [c for c in nb.cells if c.cell_type == "code" and "def fix_hint" in c.source]
+    if not calls and not defining:
+        return
+    assert len(defining) == 1, f"fix_hint is defined in {len(defining)} cells; copy hints.HELPER_SOURCE into the helpers cell"
+    assert hints.HELPER_SOURCE.strip() in defining[0].source, (
+        "the helpers cell's fix_hint/SHOW_FIXES differ from coursetools/grading/hints.py's HELPER_SOURCE: copy it byte for byte")
+    answers = [i for i in calls if notebooks.is_solution(nb.cells[i])]
+    assert not answers, f"answer cells {answers} call fix_hint: it is for test messages only"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_measuring_cells_use_the_one_verdict(path):
     """A cell that concludes from a timing carries the tag `verdict` and prints through the
     course's `verdict` helper; the notebook defining it has the canonical `interleaved` and

@@ -145,6 +145,37 @@ def test_feedback_of_a_test_cell_is_the_graders_verdict_only():
     assert flagged[0].ename == guard.TAMPER_ENAME
 
 
+def test_feedback_folds_the_fix_under_how_to_fix():
+    """Feedback in two steps (coursetools/grading/hints.py): the page's error says what the
+    test observed and the rule; the fix (what fix_hint returned in the grader) is there, but
+    collapsed under "How to fix", escaped, and the page keeps it through nbconvert's sanitizer."""
+    from nbconvert import HTMLExporter
+
+    from coursetools.grading import hints
+
+    cell = _test_cell(HIDDEN_SOURCE)
+    fix = hints.grader_namespace()["fix_hint"]("assign the result: <x = x.to(device)>")
+    cell.outputs = [v4.new_output("error", ename="AssertionError", evalue="x is still on cpu (lesson 02 §3)" + fix,
+                                  traceback=["<grader test test_f>:1"])]
+    shown = grader_written_outputs(cell, Outcome.ERROR, None)
+    assert shown[0].evalue == ("x is still on cpu (lesson 02 §3) (test line 1)" + hints.FIX_MARKER
+                               + "assign the result: <x = x.to(device)>"), "the line number belongs to the observation"
+    cell.outputs = shown
+    nb, _ = SafeOutputs().preprocess(v4.new_notebook(cells=[cell]), {})
+    error, details = nb.cells[0].outputs
+    assert error.evalue == "x is still on cpu (lesson 02 §3) (test line 1)" and "to(device)" not in str(error)
+    from coursetools.instructor.nbgrader_ext import FEEDBACK_FILTERS
+    page, _ = HTMLExporter(sanitize_html=True, filters=FEEDBACK_FILTERS).from_notebook_node(nb)
+    folded = re.search(r"<details>\s*<summary>How to fix</summary>(.*?)</details>", page, flags=re.S)
+    assert folded and "x = x.to(device)" in folded.group(1) and "<x = x" not in folded.group(1), (
+        "the fix is not collapsed under How to fix, escaped")
+    plain = _test_cell(HIDDEN_SOURCE)
+    plain.outputs = [v4.new_output("error", ename="AssertionError", evalue="f() must return 2 (test line 1)",
+                                   traceback=[])]
+    nb, _ = SafeOutputs().preprocess(v4.new_notebook(cells=[plain]), {})
+    assert len(nb.cells[0].outputs) == 1, "a message without a fix gets no How to fix"
+
+
 def test_markers_in_a_student_cell_do_not_cost_the_feedback():
     answer = v4.new_code_cell("# ### BEGIN HIDDEN TESTS in my notes\nx = 1")
     answer.metadata["nbgrader"] = {"solution": True, "grade": False, "locked": False, "grade_id": "f",
@@ -169,7 +200,8 @@ def test_feedback_html_runs_no_student_script():
     md = v4.new_markdown_cell('notes <script>pwned6()</script><a href="javascript:pwned7()">x</a>')
     nb = v4.new_notebook(cells=[cell, md])
     nb, _ = SafeOutputs().preprocess(nb, {})
-    html, _ = HTMLExporter(sanitize_html=True).from_notebook_node(nb)
+    from coursetools.instructor.nbgrader_ext import FEEDBACK_FILTERS
+    html, _ = HTMLExporter(sanitize_html=True, filters=FEEDBACK_FILTERS).from_notebook_node(nb)
     # nbgrader's feedback template renders Markdown cells itself, unsanitized: what it shows
     # is markdown2html of the cell as SafeOutputs left it.
     from nbconvert.filters import markdown2html

@@ -169,3 +169,26 @@ def test_messages_say_whose_error_it_is_and_keep_the_end_of_long_ones():
     short = _shorten(long)
     assert short.startswith("RuntimeError: rank 1 failed:") and short.endswith("NameError: name 'model' is not defined")
     assert len(short) < 800 and "[...]" in short
+
+
+def test_the_fix_comes_only_when_asked_for():
+    """Feedback in two steps: the report says what a failing test observed and the rule; the
+    fix (after hints.FIX_MARKER, what fix_hint adds when a notebook is graded) only with
+    --explain, and then the report no longer points to --explain."""
+    from coursetools.grading import hints
+
+    fix = hints.grader_namespace()["fix_hint"]("keep the result of .to()")
+    results = [selfcheck.QuestionResult("test_a", "a", 0.0, 2.0, "AssertionError: x is on cpu (lesson 02 §3)" + fix),
+               selfcheck.QuestionResult("test_b", "b", 1.0, 1.0)]
+    terse = selfcheck.format_report("ex.ipynb", NAME, results, 1.0, False)
+    assert "x is on cpu (lesson 02 §3)" in terse and "keep the result" not in terse
+    assert "make.py check --explain ex.ipynb" in terse
+    explained = selfcheck.format_report("ex.ipynb", NAME, results, 1.0, False, explain=True)
+    assert "How to fix: keep the result of .to()" in explained and "--explain" not in explained
+    no_fix = [selfcheck.QuestionResult("test_a", "a", 0.0, 2.0, "AssertionError: x is on cpu")]
+    assert "--explain" not in selfcheck.format_report("ex.ipynb", NAME, no_fix, 1.0, False)
+    kernel = {}
+    exec(hints.HELPER_SOURCE, kernel)
+    assert "keep the result" not in kernel["fix_hint"]("keep the result") and "SHOW_FIXES = True" in kernel["fix_hint"]("x")
+    kernel["SHOW_FIXES"] = True
+    assert kernel["fix_hint"]("keep the result") == hints.FIX_MARKER + "keep the result"
