@@ -57,7 +57,7 @@ HELPERS_FILE = "<grader helpers>"
 
 # Modules a test may import and use here as they are: they compute, and touch neither the
 # student's objects nor the kernel's files. Every other import is the kernel's module.
-LOCAL_MODULES = frozenset({"math", "itertools", "re", "string", "textwrap", "operator", "json",
+LOCAL_MODULES = frozenset({"math", "itertools", "re", "string", "textwrap", "operator", "json", "hashlib",
                            "functools", "collections", "fractions", "statistics"})
 
 # Helpers of the chapters' locked cells that a test calls with its own hints and messages:
