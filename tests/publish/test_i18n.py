@@ -429,4 +429,10 @@ def test_self_check_of_a_chinese_notebook_reports_in_chinese(capsys):
     assert status == 1
     assert "得分：0/18" in out and "仅可见测试" in out and "尚未作答" in out, out
     assert "pick_device()：可用的最好设备" in out, out
-    assert "先修正第一道失败的题" in out
+    # the pointer to --explain (feedback in two steps) is translated too
+    from coursetools.publish.i18n import set_language, tr
+    set_language("zh")
+    try:
+        assert "卡住了" in tr("Stuck on one? `python3 make.py check --explain {path}` also says how to fix each failure.")
+    finally:
+        set_language("en")
