@@ -128,8 +128,9 @@ def strip_solution_markers(source: str) -> str:
 
 def clear_solution(source: str, stub: str = CODE_STUB) -> str:
     """What nbgrader's ClearSolutions leaves of an answer cell: the stub in place of the
-    marked region, at the region's indentation (or the whole cell when unmarked)."""
-    lines = source.splitlines()
+    marked region, at the region's indentation (or the whole cell when unmarked). Lines are
+    split on "\n" as nbgrader splits them, so a trailing newline survives as it does there."""
+    lines = source.split("\n")
     if not any(line.strip() == BEGIN_SOLUTION for line in lines):
         return stub
     out: list[str] = []
