@@ -1037,12 +1037,14 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
     out = io.StringIO()
     failure: BaseException | None = None
     filename = TEST_FILE.format(gid)
+    started = False  # whether the kernel serves this cell (a test that does not compile never starts it)
     try:
         tree = ast.parse(source, filename)
         free = _free_names(tree)
         code = compile(_rewrite_withs(tree), filename, "exec", dont_inherit=True)
         _CURRENT["channel"] = channel
         channel.start()
+        started = True
         ns = session.namespace
         ns["__builtins__"] = _builtins_for(channel)
         ns.setdefault("__name__", "__grader_test__")
@@ -1082,7 +1084,8 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
     except BaseException as exc:  # the test failed
         failure = exc
     try:
-        channel.finish()
+        if started:  # else nothing runs in the kernel: waiting for its reply would last until the deadline
+            channel.finish()
     except TestTimeout:
         session.close()
         return TestResult(False, _stream(out.getvalue()), "CellTimeoutError", "", timed_out=True)

@@ -124,6 +124,18 @@ def test_hidden_tests_never_reach_the_kernels_history(tmp_path):
     assert nb.cells[2].outputs[0].text.split() == ["False", "False"], nb.cells[2].outputs
 
 
+def test_a_test_cell_that_does_not_compile_fails_at_once(tmp_path):
+    """A test with a syntax error (an author's slip) fails with its SyntaxError, and the next test
+    still runs. Before, the grader waited for the kernel to end a cell it had never started: each
+    such test ran to the cell's time limit (180 s by default) and reported a timeout."""
+    broken = _test_cell('assert f() == 2, (\n    f"unterminated\nstring")', gid="test_broken")
+    nb = v4.new_notebook(cells=[v4.new_code_cell("def f():\n    return 2"), broken, _test_cell(HIDDEN_SOURCE)])
+    report = execute_resilient(nb, cwd=tmp_path, timeout=20)
+    assert report.outcomes[1:] == [Outcome.ERROR, Outcome.OK], report.outcomes
+    errors = [o for o in nb.cells[1].outputs if o.output_type == "error"]
+    assert [o.ename for o in errors] == ["SyntaxError"], nb.cells[1].outputs
+
+
 def test_feedback_of_a_test_cell_is_the_graders_verdict_only():
     cell = _test_cell(HIDDEN_SOURCE)
     visible = v4.new_output("error", ename="AssertionError", evalue="f() must return 2",
