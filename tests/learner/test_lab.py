@@ -168,7 +168,7 @@ def test_self_check_finds_the_learners_copy(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(selfcheck.lab, "learner_copy", lambda path: copy if Path(path) == release else None)
     assert selfcheck.main([str(release)]) == 0
     out = capsys.readouterr().out
-    assert f"checking your copy, {copy}" in out and "Score: 18/18" in out
+    assert f"checking your copy, {copy}" in out and "Score: 26/26" in out
 
 
 def test_each_mode_uses_jupyters_own_configuration(tmp_path):

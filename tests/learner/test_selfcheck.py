@@ -47,7 +47,7 @@ def test_reference_answers_get_full_marks_and_exit_0(tmp_path):
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     out = run_check(path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Score: 18/18" in out.stdout
+    assert "Score: 26/26" in out.stdout
     for gid in ("test_pick_device_auto", "test_common_device_scalars", "test_build_on_restores"):
         assert gid in out.stdout
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before, "the learner's file must never be modified"
@@ -58,7 +58,7 @@ def test_untouched_release_scores_zero_and_says_not_answered():
     before = path.read_bytes()
     out = run_check(path)
     assert out.returncode == 1
-    assert "Score: 0/18" in out.stdout and "not answered yet" in out.stdout
+    assert "Score: 0/26" in out.stdout and "not answered yet" in out.stdout
     assert path.read_bytes() == before
 
 
@@ -73,7 +73,7 @@ def test_editing_or_deleting_tests_does_not_help(tmp_path):
     path = write_variant(tmp_path, "tampered.ipynb", edit=tamper, answers=wrong.answers)
     out = run_check(path)
     assert out.returncode == 1
-    assert "Score: 12/18" in out.stdout, out.stdout
+    assert "Score: 20/26" in out.stdout, out.stdout
     assert "on a machine without any GPU expected cpu" in out.stdout or "expected cuda:0" in out.stdout
     assert "FAIL 0/3  test_pick_device_named" in out.stdout
 
@@ -82,8 +82,8 @@ def test_visible_only_runs_only_the_tests_the_learner_sees(tmp_path):
     """pick_device_forgets_mps fails only a hidden test: visible-only mode gives it full marks."""
     wrong = fixtures.load(layout.SUBMISSIONS_DIR / NAME / "pick_device_forgets_mps.toml")
     path = write_variant(tmp_path, "mps.ipynb", answers=wrong.answers)
-    assert "Score: 18/18" in run_check(path, "--visible-only").stdout
-    assert "Score: 15/18" in run_check(path).stdout
+    assert "Score: 26/26" in run_check(path, "--visible-only").stdout
+    assert "Score: 23/26" in run_check(path).stdout
 
 
 def test_a_crash_costs_only_the_questions_that_need_the_crashed_code(tmp_path):
@@ -93,7 +93,7 @@ def test_a_crash_costs_only_the_questions_that_need_the_crashed_code(tmp_path):
     path = write_variant(tmp_path, "crash.ipynb", answers={"common_device": crash})
     out = run_check(path)
     assert out.returncode == 1
-    assert "Score: 13/18" in out.stdout, out.stdout
+    assert "Score: 21/26" in out.stdout, out.stdout
     assert "kernel died" in " ".join(out.stdout.split())
     assert "ok   2/2  test_build_on_restores" in out.stdout, "questions after the crash must still be graded"
 
@@ -107,7 +107,7 @@ def test_an_endless_loop_costs_its_question_only(tmp_path):
     # The limit is far above what any other cell of chapter 01 needs on a busy 2-core machine
     # (a 5 s limit stopped a correct test there), so only the endless loop can reach it.
     out = run_check(path, "--timeout", "40")
-    assert "Score: 15/18" in out.stdout, out.stdout
+    assert "Score: 23/26" in out.stdout, out.stdout
     assert "longer than the 40 s limit" in " ".join(out.stdout.split())
 
 

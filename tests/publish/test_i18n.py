@@ -427,7 +427,7 @@ def test_self_check_of_a_chinese_notebook_reports_in_chinese(capsys):
         i18n.set_language("en")
     out = capsys.readouterr().out
     assert status == 1
-    assert "得分：0/18" in out and "仅可见测试" in out and "尚未作答" in out, out
+    assert "得分：0/26" in out and "仅可见测试" in out and "尚未作答" in out, out
     assert "pick_device()：可用的最好设备" in out, out
     # the pointer to --explain (feedback in two steps) is translated too
     from coursetools.publish.i18n import set_language, tr
