@@ -6,6 +6,8 @@
                                         --lang zh: the Chinese edition, JupyterLab in Chinese)
     python3 make.py test                install (first time) and run the whole test suite
     python3 make.py check NOTEBOOK      grade one exercise notebook you edited
+    python3 make.py trace SCRIPT [ARGS] run a script under the device tracer: a device error names
+                                        the line that made each tensor (--pretend-cuda: on a laptop)
     python3 make.py release [NAME ...]  regenerate exercises/ from solutions/ with nbgrader
     python3 make.py links               rewrite every notebook's "Open in Colab" link
     python3 make.py new-chapter NN_topic "Title"   start a chapter from the template
@@ -154,7 +156,7 @@ def jupyter_env() -> dict[str, str]:
 
 # make.py subcommand -> the coursetools module that implements it, by whom it serves
 # (coursetools/__init__.py has the map): learner, instructor, author, evidence, publish.
-MODULES = {"check": "learner.selfcheck",
+MODULES = {"check": "learner.selfcheck", "trace": "learner.trace",
            "grade-class": "instructor.classroom",
            "release": "author.release", "links": "author.links", "author-check": "author.authorcheck",
            "new-chapter": "author.newchapter", "cheatsheet": "author.cheatsheet",

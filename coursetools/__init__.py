@@ -4,7 +4,8 @@ each of its commands is a module here, grouped by whom it serves:
 
     layout, notebooks, cellcode   what every part shares: where things live, reading and
                                   writing notebooks, reading the code of a cell
-    learner/      lab (make.py lab), selfcheck (make.py check)
+    learner/      lab (make.py lab), selfcheck (make.py check), trace (make.py trace) and
+                  devtrace (the device tracer it runs, lesson 08's own cell)
     grading/      the grading engine, one for the self-check and the classroom: execute,
                   sandbox, remote and agent_kernel (tests in the grader, the kernel answers), guard (redaction), review (static review of
                   student cells), preflight (one test kernel before the first submission)
