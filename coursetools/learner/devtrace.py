@@ -30,8 +30,10 @@ def where_in_user_code():
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code not in _OWN_CODE and not frame.f_code.co_filename.startswith(_SKIP):
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}" + (f"  `{line}`" if line else "")
+            name = frame.f_code.co_filename
+            line = linecache.getline(name, frame.f_lineno).strip()
+            name = "<cell>" if re.search(r"ipykernel_\d+[/\\]\d+\.py$", name) else name  # a notebook's
+            return f"{name}:{frame.f_lineno}" + (f"  `{line}`" if line else "")
         frame = frame.f_back
     return "?"
 
@@ -208,7 +210,7 @@ def pretend_cuda():
 @contextlib.contextmanager
 def trace_devices(*modules, pretend=False):
     """Inside, every tensor remembers where your code made or moved it; a device error lists the
-    tensors of the failed call with that line. pretend=True: as if on a CUDA GPU (fake tensors).
+    tensors of the failed call with that line. pretend=True: as if on a CUDA GPU (kept on meta).
     Modules given (or called inside) get their parameters and buffers named."""
     tracer = DeviceTracer(*modules, pretend=pretend)
     hook = torch.nn.modules.module.register_module_forward_pre_hook(

@@ -216,3 +216,14 @@ def test_a_tensor_from_a_dataloader_worker_is_reported_as_received(tmp_path):
     assert (f"cpu, float32 (2, 3): received from another process (a DataLoader worker?), unpickled at "
             f"{tmp_path}/main.py:13") in note, note
     assert f"meta, float32 (3, 3): made by ones at {tmp_path}/main.py:12" in note, note
+
+
+def test_the_lessons_tracer_is_the_commands():
+    """One source: lesson 08's tracer cell is coursetools/learner/devtrace.py, byte for byte."""
+    from coursetools import notebooks
+    lesson = notebooks.read(ROOT / "course" / "08_troubleshooting.ipynb")
+    cells = [c for c in lesson.cells if "device-tracer" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, "lesson 08 needs one cell tagged device-tracer"
+    source = (ROOT / "coursetools" / "learner" / "devtrace.py").read_text().rstrip("\n")
+    assert cells[0].source == source, (
+        "lesson 08's tracer cell differs from coursetools/learner/devtrace.py: copy the file into the cell")
