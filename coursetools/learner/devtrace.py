@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 _SKIP = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep)  # torch, stdlib
-DEVICE_ERROR = re.compile(r"same device|expected device|device type|device\b.*\bgenerator|to numpy"
+DEVICE_ERROR = re.compile(r"same device|expected device|device type|device mismatch|device\b.*\bgenerator|to numpy"
                           r"|indices should be|on meta tensors|should be the same|copy out of meta", re.I)
 MOVES = {"to", "cuda", "cpu", "copy_", "type"}
 # Operations whose meta kernels do not check devices (measured, PyTorch 2.13): cpu @ meta returns
@@ -45,8 +45,8 @@ class NeedsValues(RuntimeError):
 class DeviceTracer(TorchFunctionMode):
     def __init__(self, *modules, pretend=False):
         super().__init__()
-        self.origin = WeakIdKeyDictionary()   # tensor -> (what, where)
-        self.by_storage = {}                  # storage address -> (what, where): Parameters, views
+        self.origin = WeakIdKeyDictionary()   # tensor -> (what, where, (what, where) its data came from)
+        self.by_storage = {}                  # storage address -> the same: Parameters, views
         self.names = WeakIdKeyDictionary()    # tensor -> "encoder.0.weight (parameter)"
         self.pretend = pretend
         self.roots = WeakIdKeyDictionary()    # modules named, outermost first
@@ -66,10 +66,14 @@ class DeviceTracer(TorchFunctionMode):
                     if isinstance(value, torch.Tensor) and value not in self.names:
                         self.names[value] = f"{prefix}{attr} ({kind})"
 
-    def remember(self, tensor, what, where):
-        self.origin[tensor] = (what, where)
+    def remember(self, tensor, what, where, source=None):
+        """`source`: the record of the input an operation's result was computed from; the
+        result keeps where that data first came from (one line, not the whole chain)."""
+        first = (source[2] or source[:2]) if source else None
+        record = (what, where, first if first and first[1] != where else None)
+        self.origin[tensor] = record
         with contextlib.suppress(Exception):  # a tensor without storage (a subclass): by object only
-            self.by_storage[tensor.untyped_storage()._cdata] = (what, where)
+            self.by_storage[tensor.untyped_storage()._cdata] = record
 
     def place(self, tensor):
         found = self.origin.get(tensor)
@@ -80,7 +84,8 @@ class DeviceTracer(TorchFunctionMode):
 
     def describe(self, tensor):
         place = self.place(tensor)
-        made = f"{place[0]} at {place[1]}" if place else "origin unknown (made before the tracer started, or in another process: a DataLoader worker, another rank)"
+        made = f"{place[0]} at {place[1]}" + (f"\n       from a tensor {place[2][0]} at {place[2][1]}"
+                                              if place and place[2] else "") if place else "origin unknown (made before the tracer started, or in another process: a DataLoader worker, another rank)"
         name = self.names.get(tensor, "")
         name = f" {name}" if name else ""
         device = "cuda:0 (pretend: on meta)" if self.pretend and tensor.is_meta else tensor.device
@@ -110,7 +115,9 @@ class DeviceTracer(TorchFunctionMode):
             what = f"{'moved' if moved else 'made'} by {name}"
             if _unpickling():
                 what = "received from another process (a DataLoader worker?), unpickled"
-            self.remember(out, what, where_in_user_code())
+            source = None if moved else next((self.place(t) for t in inputs if t.device == out.device
+                                               and self.place(t)), None)
+            self.remember(out, what, where_in_user_code(), source)
         if name in MOVES and inputs and isinstance(inputs[0], torch.nn.Parameter):
             # Module.to() moves a parameter by replacing its .data: the Parameter object stays
             self.remember(inputs[0], f"moved by {name}", where_in_user_code())

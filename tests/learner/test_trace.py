@@ -227,3 +227,47 @@ def test_the_lessons_tracer_is_the_commands():
     source = (ROOT / "coursetools" / "learner" / "devtrace.py").read_text().rstrip("\n")
     assert cells[0].source == source, (
         "lesson 08's tracer cell differs from coursetools/learner/devtrace.py: copy the file into the cell")
+
+
+def test_inside_torch_compile_the_error_is_dynamos_own_without_a_note(tmp_path):
+    """What it cannot see: code compiled by torch.compile runs outside the tracer's mode (dynamo
+    traces it with its own fake tensors), so its device error comes without the tracer's lines."""
+    script = '''\
+    import torch
+
+    @torch.compile(backend="eager")
+    def scale(x):
+        factor = torch.ones(x.shape[-1])       # made inside compiled code, on the CPU
+        return x * factor
+
+    print(scale(torch.ones(2, 3, device="meta")))
+    '''
+    out = trace(tmp_path, script)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Tensor device mismatch" in out.stderr and "device tracer:" not in out.stderr, out.stderr[-2000:]
+
+
+def test_an_operations_result_keeps_where_its_data_came_from(tmp_path):
+    """A mask made in a collate function, then inverted at the failing line: the note names both
+    lines, the operation's and the creation's (a script the tracer was not written for)."""
+    script = '''\
+    import torch
+    import torch.nn as nn
+
+    def collate(lengths):
+        mask = torch.zeros(len(lengths), max(lengths), dtype=torch.bool)
+        for i, n in enumerate(lengths):
+            mask[i, :n] = True
+        return mask
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    h = nn.Embedding(10, 4).to(device)(torch.zeros(2, 3, dtype=torch.long, device=device))
+    mask = collate([3, 2])
+    print(h.masked_fill(~mask.unsqueeze(-1), 0.0).shape)
+    '''
+    out = trace(tmp_path, script, "--pretend-cuda")
+    assert out.returncode == 1, out.stdout + out.stderr
+    note = out.stderr[out.stderr.index("device tracer:"):]
+    text = textwrap.dedent(script)
+    assert f"cpu, bool (2, 3, 1): made by __invert__ at {tmp_path}/main.py:{line_of(text, '~mask')}" in note, note
+    assert f"from a tensor made by zeros at {tmp_path}/main.py:{line_of(text, 'mask = torch.zeros')}" in note, note
