@@ -271,3 +271,29 @@ def test_an_operations_result_keeps_where_its_data_came_from(tmp_path):
     text = textwrap.dedent(script)
     assert f"cpu, bool (2, 3, 1): made by __invert__ at {tmp_path}/main.py:{line_of(text, '~mask')}" in note, note
     assert f"from a tensor made by zeros at {tmp_path}/main.py:{line_of(text, 'mask = torch.zeros')}" in note, note
+
+
+def test_a_stray_tensor_in_a_spawned_rank_comes_back_without_a_note(tmp_path):
+    """What it cannot see: a process started with torch.multiprocessing.spawn (as a DDP launcher does)
+    runs without the tracer. The rank's own traceback comes back, naming its failing line, with no
+    tracer note: the note would need the tracer inside each rank."""
+    script = '''\
+    import torch
+    import torch.multiprocessing as mp
+
+
+    def worker(rank):
+        weights = torch.ones(3, device="meta")
+        bias = torch.zeros(3)                  # the stray tensor, made in the rank
+        print(weights + bias)
+
+
+    if __name__ == "__main__":
+        mp.spawn(worker, nprocs=1)
+    '''
+    out = trace(tmp_path, script)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "ProcessRaisedException" in out.stderr and "Process 0 terminated with the following error" in out.stderr
+    assert "Tensor on device cpu is not on the expected device meta!" in out.stderr, out.stderr
+    assert 'line 8, in worker' in out.stderr, out.stderr        # the rank's own traceback
+    assert "device tracer:" not in out.stderr, out.stderr
