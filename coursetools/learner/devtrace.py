@@ -13,7 +13,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-_SKIP = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep)  # torch, stdlib
+_TORCH, _STDLIB = os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep
+_SKIPPED = {}    # file name -> whether it is torch's or the standard library's
 DEVICE_ERROR = re.compile(r"same device|expected device|device type|device mismatch|device\b.*\bgenerator|to numpy"
                           r"|indices should be|on meta tensors|should be the same|copy out of meta", re.I)
 MOVES = {"to", "cuda", "cpu", "copy_", "type"}
@@ -29,13 +30,24 @@ def where_in_user_code():
     tracer."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code not in _OWN_CODE and not frame.f_code.co_filename.startswith(_SKIP):
+        if not _skipped(frame.f_code):
             name = frame.f_code.co_filename
             line = linecache.getline(name, frame.f_lineno).strip()
             name = "<cell>" if re.search(r"ipykernel_\d+[/\\]\d+\.py$", name) else name  # a notebook's
             return f"{name}:{frame.f_lineno}" + (f"  `{line}`" if line else "")
         frame = frame.f_back
     return "?"
+
+
+def _skipped(code):
+    if code in _OWN_CODE:
+        return True
+    name = code.co_filename
+    skip = _SKIPPED.get(name)
+    if skip is None:        # site-packages may lie inside the stdlib folder: other libraries count
+        skip = _SKIPPED[name] = name.startswith(_TORCH) or (
+            name.startswith(_STDLIB) and not re.search(r"(site|dist)-packages", name[len(_STDLIB):]))
+    return skip
 
 
 class NeedsValues(RuntimeError):
