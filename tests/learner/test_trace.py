@@ -4,6 +4,7 @@ nothing in a correct script."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -273,10 +274,10 @@ def test_an_operations_result_keeps_where_its_data_came_from(tmp_path):
     assert f"from a tensor made by zeros at {tmp_path}/main.py:{line_of(text, 'mask = torch.zeros')}" in note, note
 
 
-def test_a_stray_tensor_in_a_spawned_rank_comes_back_without_a_note(tmp_path):
-    """What it cannot see: a process started with torch.multiprocessing.spawn (as a DDP launcher does)
-    runs without the tracer. The rank's own traceback comes back, naming its failing line, with no
-    tracer note: the note would need the tracer inside each rank."""
+def test_a_stray_tensor_in_a_spawned_rank_comes_back_with_the_note(tmp_path):
+    """A process started with torch.multiprocessing.spawn (as a DDP script does) runs under the
+    tracer too (rank_hook/sitecustomize.py): the rank's error comes back to the launcher with the
+    note naming the rank's line."""
     script = '''\
     import torch
     import torch.multiprocessing as mp
@@ -294,6 +295,76 @@ def test_a_stray_tensor_in_a_spawned_rank_comes_back_without_a_note(tmp_path):
     out = trace(tmp_path, script)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "ProcessRaisedException" in out.stderr and "Process 0 terminated with the following error" in out.stderr
-    assert "Tensor on device cpu is not on the expected device meta!" in out.stderr, out.stderr
-    assert 'line 8, in worker' in out.stderr, out.stderr        # the rank's own traceback
-    assert "device tracer:" not in out.stderr, out.stderr
+    assert "line 8, in worker" in out.stderr, out.stderr        # the rank's own traceback
+    note = out.stderr[out.stderr.index("device tracer:"):]
+    assert f"cpu, float32 (3,): made by zeros at {tmp_path}/main.py:7" in note, note
+    assert f"meta, float32 (3,): made by ones at {tmp_path}/main.py:6" in note, note
+
+
+DDP = '''\
+import os
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+target_device = torch.device("meta" if rank == 1 else "cpu")   # rank 1 stands for a GPU rank
+model = DDP(nn.Linear(4, 2))
+features = torch.randn(8, 4)
+out = model(features)
+labels = torch.zeros(8, 2, device=target_device)     # the stray tensor, on rank 1 only
+loss = nn.functional.mse_loss(out, labels)
+loss.backward()
+dist.destroy_process_group()
+'''
+
+
+def test_torchrun_ranks_run_under_the_tracer(tmp_path):
+    """`make.py trace torchrun ...` starts the launcher; each rank runs under the tracer, and the
+    failing rank's traceback (torch's frames folded) ends with the note naming its lines."""
+    (tmp_path / "ddp.py").write_text(DDP)
+    out = subprocess.run([sys.executable, str(ROOT / "make.py"), "trace", "torchrun", "--standalone",
+                          "--nproc-per-node", "2", "ddp.py"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "ChildFailedError" in out.stderr, out.stderr[-3000:]
+    note = out.stderr[out.stderr.index("device tracer:"):]
+    assert f"meta, float32 (8, 2): made by zeros at {tmp_path}/ddp.py:{line_of(DDP, 'labels = ')}" in note, note
+    assert f"made by linear at {tmp_path}/ddp.py:{line_of(DDP, 'out = model')}" in note, note
+    assert "frame(s) inside torch" in out.stderr, out.stderr[-3000:]
+
+
+def test_a_module_runs_as_python_dash_m_and_a_missing_one_is_a_clear_error(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "job.py").write_text(textwrap.dedent('''\
+        import sys
+        import torch
+        w = torch.ones(2, device="meta")
+        print(w + torch.ones(2), sys.argv[1:])
+        '''))
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "make.py"), "trace", *a], cwd=tmp_path,
+                                    capture_output=True, text=True, timeout=120)
+    out = run("-m", "pkg.job", "--flag")
+    assert out.returncode == 1, out.stdout + out.stderr
+    note = out.stderr[out.stderr.index("device tracer:"):]
+    assert f"cpu, float32 (2,): made by ones at {tmp_path}/pkg/job.py:4" in note, note
+    assert "runpy" not in out.stderr, out.stderr     # the traceback starts at the module
+    missing = run("-m", "pkg.nowhere")
+    assert missing.returncode == 2 and "no such module: pkg.nowhere" in missing.stderr, missing.stderr
+
+
+def test_a_library_in_site_packages_is_user_code_not_the_standard_library():
+    """site-packages may lie inside the standard library's folder (a venv's lib/python3.X): code
+    there is a library the learner called, and its line is reported; the stdlib's own is skipped."""
+    import os as os_module
+
+    import torch
+    from coursetools.learner import devtrace
+    lib = os_module.path.dirname(os_module.__file__)
+    fake = lambda name: compile("pass", name, "exec")
+    assert devtrace._skipped(fake(os_module.path.join(lib, "json", "decoder.py")))
+    assert not devtrace._skipped(fake(os_module.path.join(lib, "site-packages", "timm", "layers.py")))
+    assert devtrace._skipped(fake(os_module.path.join(os_module.path.dirname(torch.__file__), "nn", "x.py")))
