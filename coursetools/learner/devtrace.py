@@ -141,7 +141,8 @@ class DeviceTracer(TorchFunctionMode):
         exc._device_trace = True
         where = where_in_user_code()
         if self.pretend and _needs_values(exc):
-            raise NeedsValues(f"{where}\n{name}() needs the values of a tensor on the pretend GPU, and "
+            what = "printing a tensor" if name == "__repr__" else f"{name}()"
+            raise NeedsValues(f"{where}\n{what} needs the values of a tensor on the pretend GPU, and "
                               "it has none (pretend-CUDA keeps them on meta): the run stops here. No "
                               "device error was found before this line.") from exc
         if not DEVICE_ERROR.search(str(exc)):
@@ -178,6 +179,8 @@ def _pretend_call(func, name, args, kwargs):
     PyTorch's device checks): what pretend-CUDA runs instead of the GPU."""
     if "device" in kwargs:
         kwargs = {**kwargs, "device": _on_meta(kwargs["device"])}
+    if name == "__repr__" and args[0].is_meta:   # print(x): meta would print "tensor(...)", no values
+        raise RuntimeError("printing a tensor: its values cannot be called on meta tensors")
     if name == "cuda" and args and isinstance(args[0], torch.Tensor):
         return args[0].to("meta", non_blocking=kwargs.get("non_blocking", False))
     if name == "to" and args and isinstance(args[0], torch.Tensor):

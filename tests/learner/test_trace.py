@@ -155,6 +155,21 @@ def test_a_value_from_the_pretend_gpu_stops_the_run_at_that_line(tmp_path):
     assert "No device error was found before this line" in out.stderr
 
 
+def test_printing_a_tensor_of_the_pretend_gpu_stops_the_run_at_that_line(tmp_path):
+    """print(x) of a pretend-GPU tensor would show meta's `tensor(..., device='meta')`, not values:
+    the run stops at the print, as for .item()."""
+    script = '''\
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.ones(3, device=device)
+    print("x:", x * 2)
+    '''
+    out = trace(tmp_path, script, "--pretend-cuda")
+    assert out.returncode == 1 and "tensor(" not in out.stdout and "meta" not in out.stdout, out.stdout
+    assert f"the run stopped at {tmp_path}/main.py:4" in out.stderr, out.stderr
+    assert "printing a tensor needs the values" in out.stderr, out.stderr
+
+
 def test_a_correct_script_runs_unchanged_inside_the_tracer(tmp_path):
     """No false blame: the same printed losses with and without the tracer (a real CPU run)."""
     script = '''\
