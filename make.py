@@ -20,6 +20,8 @@
                                         (or: lowest, newest; a venv of its own, reused)
     python3 make.py cheatsheet          regenerate CHEATSHEET.md (and chapter 08's error table)
                                         from the notebooks (--check: only say what is stale)
+    python3 make.py figures             copy the drawing helpers each lesson calls into its
+                                        collapsed `figures` cell (--check: only say what is stale)
     python3 make.py site                build the course website (lessons run, with their outputs)
                                         into website/_build/html (--serve: then preview it)
     python3 make.py i18n build          the Chinese edition (zh/, README.zh-CN.md) from the English
@@ -159,7 +161,7 @@ def jupyter_env() -> dict[str, str]:
 MODULES = {"check": "learner.selfcheck", "trace": "learner.trace",
            "grade-class": "instructor.classroom",
            "release": "author.release", "links": "author.links", "author-check": "author.authorcheck",
-           "new-chapter": "author.newchapter", "cheatsheet": "author.cheatsheet",
+           "new-chapter": "author.newchapter", "cheatsheet": "author.cheatsheet", "figures": "author.figures_sync",
            "gpu-report": "evidence.gpu_report", "test-torch": "evidence.torchrange",
            "site": "publish.website", "i18n": "publish.i18n"}
 
