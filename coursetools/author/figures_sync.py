@@ -5,8 +5,8 @@
 
 coursetools/learner/figures.py is the one source of the helpers (show_module, show_storage, ...).
 Colab opens a notebook alone, so a lesson cannot import it: a lesson that calls `show_x(` holds,
-in one collapsed code cell tagged `figures`, the file's shared part (its imports, colours and
-private helpers) and each show_ function the lesson calls, in the file's order. Nothing else is
+in one collapsed code cell tagged `figures`, the file's shared part (its imports and colours),
+each show_ function the lesson calls and the private helpers those use, in the file's order. Nothing else is
 copied, so each lesson carries only what it draws. A lesson that calls a helper and has no such
 cell gets one right after its setup cell. tests/author/test_figures.py checks every lesson.
 """
@@ -50,7 +50,19 @@ def helpers() -> list[str]:
 
 def cell_source(names: set[str]) -> str:
     """The `figures` cell for a lesson that calls `names`: the shared part, then those helpers."""
-    kept = [chunk for name, chunk in _blocks(SOURCE.read_text()) if name is None or name in names]
+    blocks = _blocks(SOURCE.read_text())
+    wanted = [chunk for name, chunk in blocks if name in names]
+    private = {chunk.split("(")[0][4:]: chunk for name, chunk in blocks if name is None and chunk.startswith("def _")}
+    grown = True
+    while grown:                                # the private helpers those use, and the ones they use
+        text = "\n".join(wanted)
+        grown = False
+        for helper, chunk in private.items():
+            if chunk not in wanted and re.search(rf"\b{helper}\(", text):
+                wanted.append(chunk)
+                grown = True
+    kept = [chunk for name, chunk in blocks if name in names or (name is None and (
+        not chunk.startswith("def _") or chunk in wanted))]
     text = HEADER
     for previous, chunk in zip([HEADER, *kept], kept):
         # statements follow each other; a function stands apart, as in the file

@@ -80,6 +80,40 @@ def show_module(model, optimizer=None, title=None):
     return fig
 
 
+def _region(t):
+    """Where a tensor's memory is: 0 host (pageable), 1 pinned host memory, 2 the device."""
+    return 2 if t.device.type != "cpu" else (1 if t.is_pinned() else 0)
+
+
+def show_moves(steps, title=None):
+    """Draw what each step did to memory: steps are (code, source tensor or None, result). Host
+    memory, pinned host memory (if any tensor is pinned) and device memory are columns; an arrow
+    is a copy from one to the other, and a result that IS its source is marked: no copy at all."""
+    tensors = [t for _, source, result in steps for t in (source, result) if t is not None]
+    device = next((t.device for t in tensors if t.device.type != "cpu"), None)
+    pinned = any(_region(t) == 1 for t in tensors)
+    columns = {0: "host memory", 1: "pinned host memory",
+               2: "meta (the GPU's stand-in)" if device and device.type == "meta" else f"{device or 'device'} memory"}
+    x = {0: 0.42, 1: 0.63, 2: 0.84} if pinned else {0: 0.47, 2: 0.8}
+    fig, ax = _card(len(steps) + 1, title=title or "Where each step puts memory: an arrow is a copy")
+    for region, left in x.items():
+        ax.text(left, 0, columns[region], va="center", ha="center", fontweight="bold")
+    for row, (code, source, result) in enumerate(steps, 1):
+        ax.text(0.02, row, code, va="center", family="monospace", fontsize=9)
+        if source is not None and result is source:
+            _chip(ax, x[_region(result)], row, "same tensor: no copy", result.device, ha="center", fontsize=9)
+            continue
+        to = x[_region(result)]
+        if source is not None:
+            at = x[_region(source)]
+            if at == to:                        # a copy within one memory: side by side
+                at, to = at - 0.075, to + 0.075
+            _chip(ax, at, row, _describe(source), source.device, ha="center", fontsize=9)
+            ax.annotate("", (to - 0.06, row), (at + 0.06, row), arrowprops=dict(arrowstyle="->", color="#444444"))
+        _chip(ax, to, row, _describe(result), result.device, ha="center", fontsize=9)
+    return fig
+
+
 def _address_range(obj):
     """(device, first byte, end byte) of the memory a tensor or NumPy array reads."""
     if isinstance(obj, torch.Tensor):

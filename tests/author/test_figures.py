@@ -140,3 +140,19 @@ def test_show_timeline_draws_one_lane_per_process():
                                  ("rank 0", 2, 3, "all-reduce", "#009E73")], "two ranks")
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]
     assert len(fig.axes[0].patches) == 3 and rendered(fig)
+
+
+def test_show_moves_marks_copies_no_ops_and_pinned_memory():
+    from unittest import mock
+    x, pinned = torch.ones(2), torch.zeros(2)
+    steps = [("made there", None, torch.zeros(2, device="meta")), ("x.to('meta')", x, x.to("meta")),
+             ("x.to('cpu')", x, x.to("cpu")), ("x.pin_memory()", x, pinned)]
+    with mock.patch.object(torch.Tensor, "is_pinned", lambda self: self is pinned):  # no CUDA here
+        fig = figures.show_moves(steps)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts[:3] == ["host memory", "pinned host memory", "meta (the GPU's stand-in)"], texts
+    found = chips(fig)
+    assert found["same tensor: no copy"][0] == figures.DEVICE_COLOURS["cpu"].lower()
+    arrows = [a for a in fig.axes[0].texts if type(a).__name__ == "Annotation"]
+    assert len(arrows) == 2                    # x.to('meta') and the pinning copy: a no-op draws none
+    assert arrows[1].xy[0] == pytest.approx(0.63 - 0.06)   # into the pinned column
