@@ -114,6 +114,26 @@ def show_moves(steps, title=None):
     return fig
 
 
+def show_flowchart(start, rows, title):
+    """A decision chart read left to right: from `start` (an error) to each clue, then to its
+    cause and fix. rows: (clue, cause and fix, hits); the rows this run's own cases reached (hits,
+    a list of their names) are outlined in red, filled with the CPU's colour (where the stray
+    tensor was), and named."""
+    import textwrap
+    fig, ax = _card(2 * len(rows), title=title)
+    middle = len(rows) - 0.5
+    ax.text(0.01, middle, textwrap.fill(start, 16), va="center", fontweight="bold", fontsize=9,
+            bbox=dict(boxstyle="round,pad=0.4", fc="white", ec="#444444"))
+    for k, (clue, remedy, hits) in enumerate(rows):
+        row = 2 * k + 0.5
+        ax.annotate("", (0.265, row), (0.215, middle), arrowprops=dict(arrowstyle="->", color="#444444"))
+        _chip(ax, 0.27, row, textwrap.fill(clue, 26), "cpu" if hits else None, warn=bool(hits), fontsize=9)
+        ax.annotate("", (0.6, row), (0.56, row), arrowprops=dict(arrowstyle="->", color="#444444"))
+        ax.text(0.605, row, textwrap.fill(remedy, 40) + ("\nhere: " + ", ".join(hits) if hits else ""),
+                va="center", fontsize=9, color=WARNING if hits else "#111111")
+    return fig
+
+
 def _address_range(obj):
     """(device, first byte, end byte) of the memory a tensor or NumPy array reads."""
     if isinstance(obj, torch.Tensor):

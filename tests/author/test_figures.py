@@ -156,3 +156,12 @@ def test_show_moves_marks_copies_no_ops_and_pinned_memory():
     arrows = [a for a in fig.axes[0].texts if type(a).__name__ == "Annotation"]
     assert len(arrows) == 2                    # x.to('meta') and the pinning copy: a no-op draws none
     assert arrows[1].xy[0] == pytest.approx(0.63 - 0.06)   # into the pinned column
+
+
+def test_show_flowchart_outlines_the_branches_this_run_took():
+    fig = figures.show_flowchart("an error", [("clue one", "fix one", ["bug a"]), ("clue two", "fix two", [])], "t")
+    found = chips(fig)
+    warn = matplotlib.colors.to_hex(figures.WARNING)
+    assert found["clue one"][1] == warn and found["clue two"][1] != warn
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "fix one\nhere: bug a" in texts and "fix two" in texts
