@@ -209,18 +209,22 @@ def show_checkpoint(path, map_location, title=None):
     return fig
 
 
-def show_scale(scales, skipped, title=None):
-    """The gradient scaler's scale after each step (log scale), each skipped step marked: an
-    inf/NaN gradient skipped optimizer.step() and halved the scale."""
+def show_scale(runs, title=None):
+    """The gradient scaler's scale after each step (log scale) of each run ({label: (scales,
+    skipped)}), each skipped step marked: an inf/NaN gradient skipped optimizer.step() and
+    halved the scale."""
     fig, ax = plt.subplots(figsize=(7, 2.8), facecolor="white")
-    steps = range(1, len(scales) + 1)
-    ax.step(steps, scales, where="post", color=DEVICE_COLOURS["cuda"], label="scale after the step")
-    marked = [s for s, skip in zip(steps, skipped) if skip]
-    ax.scatter(marked, [scales[s - 1] for s in marked], marker="x", color=WARNING, zorder=3,
-               label=f"skipped step ({len(marked)})")
+    counts = []
+    for (label, (scales, skipped)), colour, line in zip(runs.items(), ("#009E73", "#0072B2", "#CC79A7"),
+                                                          ("-", "--", ":")):
+        steps = range(1, len(scales) + 1)
+        marked = [s for s, skip in zip(steps, skipped) if skip]
+        counts.append((len(marked), len(scales)))
+        ax.step(steps, scales, where="post", color=colour, ls=line, label=f"{label}: {len(marked)} skipped")
+        ax.scatter(marked, [scales[s - 1] for s in marked], marker="x", color=WARNING, zorder=3)
     ax.set_yscale("log", base=2)
-    ax.set(xlabel="optimizer step", ylabel="scale (log2)",
-           title=title or f"GradScaler: {len(marked)} of {len(scales)} steps skipped, each halving the scale")
+    ax.set(xlabel="optimizer step", ylabel="scale after the step (log2)",
+           title=title or "GradScaler: each skipped step (x) halves the scale")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=9)
     fig.tight_layout()

@@ -129,10 +129,13 @@ def test_show_checkpoint_reads_the_files_location_tags(tmp_path):
     assert "map_location='meta'" in fig.axes[0].get_title(loc="left")
 
 
-def test_show_scale_marks_each_skipped_step():
-    fig = figures.show_scale([2.0 ** 15, 2.0 ** 14, 2.0 ** 14, 2.0 ** 15], [True, False, False, False])
-    assert "1 of 4 steps skipped" in fig.axes[0].get_title()
-    assert fig.axes[0].collections[0].get_offsets().tolist() == [[1.0, 2.0 ** 15]]
+def test_show_scale_marks_each_skipped_step_of_each_run():
+    fig = figures.show_scale({"a": ([2.0 ** 15, 2.0 ** 14, 2.0 ** 14, 2.0 ** 15], [True, False, False, False]),
+                              "b": ([4.0, 2.0], [True, True])})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a: 1 skipped", "b: 2 skipped"]
+    assert ax.collections[0].get_offsets().tolist() == [[1.0, 2.0 ** 15]]
+    assert ax.collections[1].get_offsets().tolist() == [[1.0, 4.0], [2.0, 2.0]]
 
 
 def test_show_timeline_draws_one_lane_per_process():
