@@ -1,9 +1,9 @@
 """Recorded GPU output in the lessons: what a GPU-dependent cell printed on a real GPU,
 shown to a learner without one, right below the cell.
 
-A learner on a CPU sees "skipped: this machine has no GPU" where a GPU would measure or
-raise something. `python3 make.py gpu-report --record`, run on a CUDA machine, runs every
-lesson alone (Colab-like, as the report does) and writes, after each GPU-dependent code cell,
+A learner on a CPU sees, where a GPU would measure or raise something, a CPU analogue or the
+GPU's output labelled "expected, not recorded on a GPU" (show_expected). `python3 make.py
+gpu-report --record`, run on a CUDA machine, runs every lesson alone (Colab-like, as the report does) and writes, after each GPU-dependent code cell,
 a *record block*: a markdown cell, collapsed, that says on which GPU, with which PyTorch and
 CUDA, and on which day the cell printed what follows (text in a fenced block, figures as
 the cell's PNG attachments). The notebook stays self-contained: Colab opens it alone.
@@ -499,6 +499,49 @@ def problems(nb: NotebookNode, name: str = "the notebook") -> list[Problem]:
         elif EXCLUDE_TAG in _tags(before):
             found.append(Problem(index, "excluded", (
                 f"{where} records code cell {index - 1}, which is tagged {EXCLUDE_TAG!r}. {FIX}")))
+    return found
+
+
+EXPECTED_CALL = "show_expected"   # coursetools/learner/figures.py: a GPU's output, as expected text
+
+
+def expected_texts(source: str) -> list[str]:
+    """The literal texts a code cell passes to show_expected(...): what it says a GPU prints."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    return [node.args[0].value for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == EXPECTED_CALL
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)]
+
+
+def recorded_text(block: NotebookNode) -> str:
+    """The text a record block holds (its fenced blocks, joined)."""
+    return "\n".join(body for _, body in re.findall(r"(`{3,})text\n(.*?)\n\1", block.source, re.DOTALL))
+
+
+def _matches(expected: str, recorded: str) -> bool:
+    """Whether `recorded` holds `expected`, whitespace-insensitive, `...` standing for anything."""
+    pattern = r"\s+".join(".*?".join(re.escape(part) for part in word.split("..."))
+                          for word in expected.split())
+    return re.search(pattern, recorded, re.DOTALL) is not None
+
+
+def expected_problems(nb: NotebookNode, name: str = "the notebook") -> list[str]:
+    """Each show_expected text whose cell has a GPU record that does not hold it: the label said
+    one thing, a real GPU printed another."""
+    found = []
+    for index, cell in enumerate(nb.cells[:-1]):
+        after = nb.cells[index + 1]
+        if cell.cell_type != "code" or not is_block(after):
+            continue
+        recorded = recorded_text(after)
+        for text in expected_texts(cell.source):
+            if not _matches(text, recorded):
+                found.append(f"{name}, code cell {index}: show_expected says a GPU prints {text!r}, but the "
+                             f"GPU record below it ({(block_data(after) or {}).get('device')}) shows "
+                             f"{recorded[:300]!r}: correct the expected text from the record")
     return found
 
 

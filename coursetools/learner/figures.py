@@ -1,4 +1,5 @@
-"""Figures drawn from the lesson's own objects, so a picture cannot disagree with the code.
+"""Figures drawn from the lesson's own objects, so a picture cannot disagree with the code; and,
+where a cell needs a GPU this machine does not have, what that GPU prints, labelled as expected.
 
 The one source of the course's drawing helpers. A lesson does not import this file (Colab opens a
 notebook alone): its collapsed cell tagged `figures` holds the part of it that the lesson calls,
@@ -247,3 +248,15 @@ def show_timeline(spans, title, unit="ms"):
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def show_expected(gpu_prints, source):
+    """For a cell that needs a GPU this machine lacks: what the cell prints on one, labelled
+    "expected, not recorded on a GPU", with the source that says so (a link to PyTorch's docs or
+    code). `...` in gpu_prints stands for what varies (a number, a name). `make.py gpu-report
+    --record` puts the real output below the cell, and tests/author/test_gpu_records.py then
+    checks this text against it."""
+    import textwrap
+    print(f"On a GPU this cell prints (expected, not recorded on a GPU; source: {source}):")
+    print(textwrap.indent(gpu_prints, "  "))
+

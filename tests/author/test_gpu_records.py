@@ -14,6 +14,7 @@ tests/fixtures_gpu/tiny_lesson.json; a hand-edited recorded cell then fails the 
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import json
 import shutil
@@ -56,6 +57,31 @@ def test_no_stale_or_orphaned_gpu_record(path):
     if path.parent != layout.COURSE_DIR:
         blocks = [i for i, c in enumerate(notebooks.read(path).cells) if gpu_records.is_block(c)]
         assert not blocks, f"{path.name}: GPU record blocks {blocks} outside a lesson: records belong in course/"
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_expected_gpu_output_agrees_with_the_record(path):
+    """A cell that needs a GPU prints, on a machine without one, the GPU's output labelled
+    "expected, not recorded on a GPU" (show_expected). Once `gpu-report --record` has put the real
+    output below it, the label must say what the GPU printed."""
+    problems = gpu_records.expected_problems(notebooks.read(path), gpu_records.shown(path, ROOT))
+    assert not problems, "\n".join(problems)
+
+
+def test_expected_text_is_checked_against_a_record():
+    code = nbformat.v4.new_code_cell(
+        'if on_gpu:\n    print(x + y)\nelse:\n    show_expected("Expected all tensors to be on the same device, '
+        'but found at least two devices, ... and cpu!", "https://example.org")')
+    device = gpu_records.Device("NVIDIA T4", "2.13.0+cu126", "12.6", "2026-12-03", is_gpu=True)
+    said = "RuntimeError: Expected all tensors to be on the same device, but found at\nleast two devices, cuda:0 and cpu!"
+    executed = copy.deepcopy(code)
+    executed.outputs = [nbformat.v4.new_output("stream", name="stdout", text=said)]
+    nb = nbformat.v4.new_notebook(cells=[code, gpu_records.make_block(code, executed, device)])
+    assert gpu_records.expected_problems(nb) == []          # "..." for cuda:0, line breaks ignored
+    executed.outputs = [nbformat.v4.new_output("stream", name="stdout", text="RuntimeError: Placeholder storage")]
+    nb = nbformat.v4.new_notebook(cells=[code, gpu_records.make_block(code, executed, device)])
+    problems = gpu_records.expected_problems(nb)
+    assert len(problems) == 1 and "show_expected says a GPU prints" in problems[0] and "NVIDIA T4" in problems[0]
 
 
 class CoverageSummary:
@@ -304,7 +330,7 @@ def test_record_check_edit_prune_and_run_alone(lesson_copies, tmp_path, capsys):
     texts = [c.source for c in nb.cells if gpu_records.is_block(c)]
     assert any(f"PyTorch {torch.__version__} | device: " in t for t in texts)  # the setup cell's report
     if not info["devices"]:
-        assert any("skipped: this machine has no GPU" in t for t in texts)
+        assert any("expected, not recorded on a GPU" in t for t in texts)   # show_expected in 00
     tiny_nb = notebooks.read(tiny)
     figure_blocks = [c for c in tiny_nb.cells if gpu_records.is_block(c) and c.get("attachments")]
     assert len(figure_blocks) == 1
@@ -326,9 +352,9 @@ def test_record_check_edit_prune_and_run_alone(lesson_copies, tmp_path, capsys):
     # A recorded cell edited by hand: the check fails and names the block, the cell and the fix.
     edited = notebooks.read(start_here)
     target = next(i for i, c in enumerate(edited.cells)
-                  if c.cell_type == "code" and "skipped: this machine has no GPU" in c.source)
+                  if c.cell_type == "code" and "show_expected(" in c.source and "cuda + cpu ->" in c.source)
     assert gpu_records.is_block(edited.cells[target + 1])
-    edited.cells[target].source = edited.cells[target].source.replace("no second real device", "no other device")
+    edited.cells[target].source = edited.cells[target].source.replace("cuda + cpu ->", "cuda plus cpu ->")
     notebooks.write(edited, start_here)
     problems = record_problems(start_here)
     with capsys.disabled():

@@ -257,3 +257,79 @@ def test_measuring_cells_use_the_one_verdict(path):
                 and "def verdict" not in c.source
                 and re.search(r"(?<![\w.])verdict\(", c.source)]
     assert not untagged, f"cells {untagged} call verdict() without the tag {verdicts.TAG!r}: the load test would skip them"
+
+
+# A GPU-only cell run without the GPU shows what it demonstrates (a CPU analogue, fake CUDA
+# tensors, or the GPU's output labelled "expected, not recorded on a GPU": show_expected in
+# coursetools/learner/figures.py), never a line that only says it skipped (issue 35). The cells
+# below still print such a line: convert each, then delete its entry. (lesson, start of the line)
+BARE_SKIPS_TO_CONVERT = {
+    ('01_device_basics', 'skipped the CUDA half: with a GPU, a CPU gen'),
+    ('01_device_basics', 'skipped the GPU half: no CUDA/MPS here. On a'),
+    ('01_device_basics', 'skipped: needs a CUDA GPU (on one, DataLoade'),
+    ('01_device_basics', 'skipped: needs a CUDA GPU. (On meta, cpu_t[m'),
+    ('01_device_basics', 'skipped: no CUDA GPU here, so there is nothi'),
+    ('02_to_semantics', 'Skipped the live part: it needs a CUDA GPU ('),
+    ('02_to_semantics', 'Skipped: this demonstration needs a CUDA GPU'),
+    ('03_module_to', 'No GPU: skipped. With one, this cell runs Ti'),
+    ('04_buffers_checkpoints', 'Not run (forged tags unavailable). The messa'),
+    ('04_buffers_checkpoints', 'Skipped: no CUDA here. With CUDA, this cell '),
+    ('04_buffers_checkpoints', 'Skipped: no accelerator here. On one, this c'),
+    ('05_mixed_precision_2', 'real CUDA check skipped: no CUDA GPU here (t'),
+    ('06_ddp', 'Skipped: no CUDA GPU here ({}). On a GPU run'),
+    ('06_ddp', 'Skipped: process groups are a POSIX feature;'),
+    ('06_ddp', 'SyncBatchNorm run skipped: it needs one GPU '),
+    ('06_ddp_2_failures', 'Skipped: Windows has no SIGTERM to ignore; t'),
+    ('06_ddp_3_training', 'No CUDA GPU here ({}): the NCCL part (set_de'),
+    ('08_troubleshooting', 'CUDA autocast: skipped, no CUDA GPU. PyTorch'),
+    ('08_troubleshooting', 'FakeTensorMode could not run this on this Py'),
+    ('08_troubleshooting', 'Skipped the index exception: it needs a CUDA'),
+    ('08_troubleshooting', 'Skipped: the error needs an Apple GPU (mps);'),
+    ('08_troubleshooting', 'Skipped: this PyTorch has CUDA and sees a GP'),
+}
+SKIP_WORDS = re.compile(r"(?i)\b(skipped|not run)\b")
+MACHINE_WORDS = re.compile(r"(?i)\b(gpu|cuda|accelerator|mps|windows|posix|machine)\b")
+
+
+def _printed_text(node: ast.AST) -> str:
+    """The literal text of a print argument (an f-string's fields as {})."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    if isinstance(node, ast.BinOp):
+        return _printed_text(node.left) + _printed_text(node.right)
+    return ""
+
+
+def bare_skips(nb) -> list[str]:
+    """The lines a lesson's cells print to say they skipped for want of a machine feature."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print" and node.args:
+                text = _printed_text(node.args[0])
+                if SKIP_WORDS.search(text) and MACHINE_WORDS.search(text):
+                    found.append(text)
+    return found
+
+
+def test_no_new_bare_skipped_line_and_the_list_to_convert_is_current():
+    found = {(path.stem, text[:44]) for path in layout.lessons() for text in bare_skips(notebooks.read(path))}
+    new = found - BARE_SKIPS_TO_CONVERT
+    assert not new, (f"cells that print only that they skipped: {sorted(new)}. Show what the cell demonstrates "
+                     "instead: a CPU analogue, fake CUDA tensors, or show_expected(what a GPU prints, source)")
+    done = BARE_SKIPS_TO_CONVERT - found
+    assert not done, f"converted (or changed), so delete from BARE_SKIPS_TO_CONVERT: {sorted(done)}"
+
+
+def test_the_bare_skip_check_finds_one():
+    nb = notebooks.nbformat.v4.new_notebook(cells=[notebooks.nbformat.v4.new_code_cell(
+        'if on_gpu:\n    run()\nelse:\n    print(f"Skipped: no GPU here ({device})")\nprint("3 steps skipped")')])
+    assert bare_skips(nb) == ["Skipped: no GPU here ({})"]
