@@ -348,7 +348,7 @@ def check_start_here(cells: list[dict], where: str) -> None:
     prompts = [c["prompt"] for c in cells]
     assert prompts == [f"[{n}]:" for n in range(1, len(cells) + 1)], f"cells did not each run once, in order: {prompts} {where}"
     for i, (cell, source) in enumerate(zip(cells, expected_code)):
-        if "print(" in source.source:
+        if "print(" in source.source and "figures" not in source.metadata.get("tags", []):  # (helpers: defs only)
             assert any(o["text"].strip() for o in cell["outputs"]), f"code cell {i} prints, but shows no output {where}"
     setup = " ".join(o["text"] for o in cells[0]["outputs"])
     assert f"PyTorch {torch.__version__} | device: " in setup, f"the setup cell's report is missing: {setup!r} {where}"
@@ -371,6 +371,47 @@ def type_into_cell(page, index: int, text: str) -> None:
     page.keyboard.press("Escape")  # command mode, as after typing
 
 
+def set_theme(page, theme: str) -> None:
+    """Settings > Theme > `theme`, as a learner picks it; until JupyterLab has applied it."""
+    page.get_by_role("menuitem", name="Settings", exact=True).click()
+    page.locator(".lm-Menu-item", has_text="Theme").first.hover()        # a submenu (no menuitem role)
+    page.locator(".lm-Menu-item").filter(has_text=re.compile(rf"^{re.escape(theme)}$")).click()
+    page.wait_for_function(f"document.body.dataset.jpThemeName === {json.dumps(theme)}", timeout=60_000)
+    page.wait_for_timeout(500)  # (the theme's CSS settles)
+
+
+def figure_in_both_themes(page, tmp_path: Path, name: str) -> list[Path]:
+    """The current notebook's first figure drawn by a course helper (a `= show_` cell), in
+    JupyterLab's light and dark themes: an opaque white card on either page. Screenshots of the
+    figure with the page around it go to test-artifacts/screenshots/; the light theme is back after."""
+    figure = page.locator(f".jp-NotebookPanel .jp-CodeCell:has(.jp-InputArea:has-text('= show_')) "
+                          ".jp-OutputArea-output img").first
+    figure.scroll_into_view_if_needed()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 300", arg=figure.element_handle())
+    shots = []
+    for theme in ("JupyterLab Light", "JupyterLab Dark"):
+        if page.evaluate("document.body.dataset.jpThemeName") != theme:
+            set_theme(page, theme)
+            figure.scroll_into_view_if_needed()
+        card = page.evaluate("""img => { const c = document.createElement('canvas');
+            c.width = img.naturalWidth; c.height = img.naturalHeight;
+            const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+            return Array.from(g.getImageData(2, 2, 1, 1).data); }""", figure.element_handle())
+        page_colour = page.evaluate("getComputedStyle(document.querySelector('.jp-NotebookPanel .jp-Notebook'))"
+                                    ".backgroundColor")
+        box = figure.bounding_box()
+        shot = ARTIFACTS / "screenshots" / f"jupyterlab-figure-{name}-{theme.split()[-1].lower()}.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot), clip={"x": max(box["x"] - 30, 0), "y": max(box["y"] - 30, 0),
+                                              "width": box["width"] + 60, "height": box["height"] + 60})
+        shots.append(shot)
+        assert card == [255, 255, 255, 255], f"the figure has no opaque white card in {theme}: {card} ({shot})"
+        dark_page = sum(int(v) for v in re.findall(r"\d+", page_colour)[:3]) < 3 * 128
+        assert dark_page == (theme == "JupyterLab Dark"), f"{theme}: the notebook's background is {page_colour}"
+    set_theme(page, "JupyterLab Light")
+    return shots
+
+
 def test_learner_path_in_jupyterlab(chromium, server_factory, tmp_path):
     """make.py lab's learner mode, from the first page to a saved exercise, repository clean."""
     page = chromium
@@ -387,8 +428,13 @@ def test_learner_path_in_jupyterlab(chromium, server_factory, tmp_path):
     assert server.cmd.serve_root == work and (work / NOTEBOOK).exists()
     assert not nbgrader_ui(page), f"learner mode shows {nbgrader_ui(page)} {where}"
 
+    # View > Expand All Code first: a collapsed cell (the drawing helpers) shows no execution
+    # count, and the check below reads every cell's.
+    page.get_by_role("menuitem", name="View", exact=True).click()
+    page.get_by_role("menuitem", name="Expand All Code", exact=True).click()
     shown = run_all(page, server, NOTEBOOK, tmp_path)
     check_start_here(shown["cells"], where)
+    figure_shots = figure_in_both_themes(page, tmp_path, "00")   # the figure the learner's run drew
     assert not news_popup(page), f"the 'Jupyter news' pop-up is shown {where}"
 
     # 00 -> lesson 01 -> its exercise, through the links in the notebooks.

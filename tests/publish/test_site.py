@@ -18,8 +18,9 @@ maintainer's build, re-runs only the lessons whose code changed. Then:
 * recorded GPU output (coursetools/author/gpu_records.py) renders, with its label and figure, on a
   small site built from a fixture lesson recorded on this machine;
 * in Chromium (the Playwright set-up of tests/learner/test_browser.py): the home page, a lesson with
-  a figure, an exercise page, a search for `non_blocking`, the dark theme; screenshots go to
-  test-artifacts/screenshots/ (committed).
+  a figure, an exercise page, a search for `non_blocking`, the dark theme, and one figure drawn by
+  the course's helpers per chapter in the light and the dark theme (an opaque white card in both);
+  screenshots go to test-artifacts/screenshots/ (committed).
 """
 
 from __future__ import annotations
@@ -542,9 +543,41 @@ def test_site_in_the_browser(site, browser_page):
         dark_shot = shot(page, "site-dark.png")
         assert page.evaluate("document.documentElement.dataset.theme") == "dark" and dark != light, (
             f"the theme switch did not turn the page dark ({light} -> {dark}, {dark_shot})")
+
+        # One figure drawn by the course's helpers per chapter, in both themes: the figure keeps its
+        # white card on the dark page (legible in both), at its own size.
+        figure_shots = []
+        for number in sorted({p.stem[:2] for p in layout.lessons()}):
+            lesson = next((p for p in layout.lessons() if p.stem.startswith(number) and "= show_" in
+                           (site["html"] / "course" / f"{p.stem}.html").read_text(encoding="utf-8").replace(
+                               '<span class="o">=</span> <span class="n">show_', "= show_")), None)
+            assert lesson is not None, f"chapter {number} has no figure drawn by a show_ helper on the site"
+            page.goto(f"{base}/course/{lesson.stem}.html")
+            figure = page.locator("div.cell", has=page.locator(".cell_input", has_text="= show_")).locator(
+                ".cell_output img").first
+            figure.scroll_into_view_if_needed()
+            page.wait_for_function("img => img.complete && img.naturalWidth > 300", arg=figure.element_handle())
+            for theme in ("dark", "light"):
+                page.evaluate("t => { document.documentElement.dataset.theme = t; document.documentElement.dataset.mode = t; }",
+                              theme)
+                page.wait_for_timeout(200)
+                background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+                card = page.evaluate("""img => { const c = document.createElement('canvas');
+                    c.width = img.naturalWidth; c.height = img.naturalHeight;
+                    const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+                    return Array.from(g.getImageData(2, 2, 1, 1).data); }""", figure.element_handle())
+                path = SCREENSHOTS / f"site-figure-{number}-{theme}.png"
+                box = figure.bounding_box()        # the figure with the page around it
+                page.screenshot(path=str(path), clip={"x": max(box["x"] - 30, 0), "y": max(box["y"] - 30, 0),
+                                                      "width": box["width"] + 60, "height": box["height"] + 60})
+                figure_shots.append(path.name)
+                assert card[:3] == [255, 255, 255] and card[3] == 255, (
+                    f"{lesson.name}'s figure has no opaque white card ({card}) on the {theme} page ({path})")
+                assert (theme == "dark") == (background != light), (theme, background, light, path)
+            page.evaluate("document.documentElement.dataset.theme = 'dark'")
     finally:
         httpd.shutdown()
         httpd.server_close()
     assert not requested_elsewhere, f"the site asked another host for: {requested_elsewhere[:10]}"
     assert not failed, f"requests failed: {failed[:10]}"
-    print(f"screenshots: {home}, {lesson_shot}, {exercise_shot}, {search_shot}, {dark_shot}")
+    print(f"screenshots: {home}, {lesson_shot}, {exercise_shot}, {search_shot}, {dark_shot}; figures: {figure_shots}")
