@@ -264,11 +264,6 @@ def test_measuring_cells_use_the_one_verdict(path):
 # coursetools/learner/figures.py), never a line that only says it skipped (issue 35). The cells
 # below still print such a line: convert each, then delete its entry. (lesson, start of the line)
 BARE_SKIPS_TO_CONVERT = {
-    ('01_device_basics', 'skipped the CUDA half: with a GPU, a CPU gen'),
-    ('01_device_basics', 'skipped the GPU half: no CUDA/MPS here. On a'),
-    ('01_device_basics', 'skipped: needs a CUDA GPU (on one, DataLoade'),
-    ('01_device_basics', 'skipped: needs a CUDA GPU. (On meta, cpu_t[m'),
-    ('01_device_basics', 'skipped: no CUDA GPU here, so there is nothi'),
     ('02_to_semantics', 'Skipped the live part: it needs a CUDA GPU ('),
     ('02_to_semantics', 'Skipped: this demonstration needs a CUDA GPU'),
     ('03_module_to', 'No GPU: skipped. With one, this cell runs Ti'),
