@@ -264,12 +264,7 @@ def test_measuring_cells_use_the_one_verdict(path):
 # coursetools/learner/figures.py), never a line that only says it skipped (issue 35). The cells
 # below still print such a line: convert each, then delete its entry. (lesson, start of the line)
 BARE_SKIPS_TO_CONVERT = {
-    ('02_to_semantics', 'Skipped the live part: it needs a CUDA GPU ('),
-    ('02_to_semantics', 'Skipped: this demonstration needs a CUDA GPU'),
-    ('03_module_to', 'No GPU: skipped. With one, this cell runs Ti'),
     ('04_buffers_checkpoints', 'Not run (forged tags unavailable). The messa'),
-    ('04_buffers_checkpoints', 'Skipped: no CUDA here. With CUDA, this cell '),
-    ('04_buffers_checkpoints', 'Skipped: no accelerator here. On one, this c'),
     ('05_mixed_precision_2', 'real CUDA check skipped: no CUDA GPU here (t'),
     ('06_ddp', 'Skipped: no CUDA GPU here ({}). On a GPU run'),
     ('06_ddp', 'Skipped: process groups are a POSIX feature;'),
