@@ -273,8 +273,6 @@ BARE_SKIPS_TO_CONVERT = {
     ('06_ddp_3_training', 'No CUDA GPU here ({}): the NCCL part (set_de'),
     ('08_troubleshooting', 'CUDA autocast: skipped, no CUDA GPU. PyTorch'),
     ('08_troubleshooting', 'FakeTensorMode could not run this on this Py'),
-    ('08_troubleshooting', 'Skipped the index exception: it needs a CUDA'),
-    ('08_troubleshooting', 'Skipped: the error needs an Apple GPU (mps);'),
     ('08_troubleshooting', 'Skipped: this PyTorch has CUDA and sees a GP'),
 }
 SKIP_WORDS = re.compile(r"(?i)\b(skipped|not run)\b")
