@@ -213,11 +213,14 @@ _PANEL = "[...document.querySelectorAll('.jp-NotebookPanel')].at(-1)"
 
 # Done: the kernel is idle and every code cell has its execution count, or a cell failed
 # (JupyterLab then stops running the rest, so waiting for all counts would only time out).
+# A cell shown collapsed (a lesson's drawing helpers, an exercise's helpers) has a placeholder
+# without a count: only the prompts of shown inputs are read (the cells after a collapsed one
+# fail if it did not run).
 # Never done while a dialog is open (it is answered first, see run_all).
 _RUN_FINISHED = f"""() => {{
   const panel = {_PANEL};
   if (!panel || document.querySelector('.jp-Dialog') !== null) return false;
-  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(e => e.textContent.trim());
   const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
   if (prompts.length === 0 || indicator === null || indicator.dataset.status !== 'idle') return false;
   if (prompts.some(t => t === '[*]:')) return false;
@@ -230,7 +233,7 @@ _RUN_FINISHED = f"""() => {{
 _STALLED = f"""() => {{
   const panel = {_PANEL};
   if (!panel) return false;
-  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(e => e.textContent.trim());
+  const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(e => e.textContent.trim());
   const indicator = panel.querySelector('.jp-Notebook-ExecutionIndicator');
   return document.querySelector('.jp-Dialog') === null && indicator?.dataset.status === 'idle'
       && prompts.length > 0 && !prompts.some(t => t === '[*]:')
