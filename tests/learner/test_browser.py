@@ -379,8 +379,14 @@ def set_theme(page, theme: str) -> None:
     page.get_by_role("menuitem", name="Settings", exact=True).click()
     page.locator(".lm-Menu-item", has_text="Theme").first.hover()        # a submenu (no menuitem role)
     page.locator(".lm-Menu-item").filter(has_text=re.compile(rf"^{re.escape(theme)}$")).click()
-    page.wait_for_function(f"document.body.dataset.jpThemeName === {json.dumps(theme)}", timeout=60_000)
-    page.wait_for_timeout(500)  # (the theme's CSS settles)
+    # Applied: the theme's name is set and its stylesheet reached the notebook (dark or light
+    # background), however long the machine takes to load it.
+    page.wait_for_function(f"""() => {{
+        const nb = document.querySelector('.jp-NotebookPanel .jp-Notebook');
+        const rgb = nb ? getComputedStyle(nb).backgroundColor.match(/\\d+/g).slice(0, 3).map(Number) : null;
+        return document.body.dataset.jpThemeName === {json.dumps(theme)} && rgb
+            && (rgb[0] + rgb[1] + rgb[2] < 3 * 128) === {json.dumps("Dark" in theme)};
+    }}""", timeout=60_000)
 
 
 def figure_in_both_themes(page, tmp_path: Path, name: str) -> list[Path]:
