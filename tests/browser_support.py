@@ -52,3 +52,26 @@ def chromium_page(profile: Path | None, what: str):
             yield page
         finally:
             close()
+
+
+# The colour of an image's pixel (2, 2), read back through a canvas: the figure helpers
+# (coursetools/learner/figures.py) draw on an opaque white card, so it reads [255, 255, 255, 255]
+# on a light page and a dark one alike.
+_CORNER_PIXEL = """img => { const c = document.createElement('canvas');
+    c.width = img.naturalWidth; c.height = img.naturalHeight;
+    const g = c.getContext('2d'); g.drawImage(img, 0, 0);
+    return Array.from(g.getImageData(2, 2, 1, 1).data); }"""
+
+
+def corner_pixel(page, image) -> list[int]:
+    """RGBA of pixel (2, 2) of the <img> `image` (a Playwright locator) as the browser decoded it."""
+    return page.evaluate(_CORNER_PIXEL, image.element_handle())
+
+
+def screenshot_around(page, element, path: Path, margin: int = 30) -> Path:
+    """A screenshot of `element` with `margin` pixels of the page around it, written to `path`."""
+    box = element.bounding_box()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), clip={"x": max(box["x"] - margin, 0), "y": max(box["y"] - margin, 0),
+                                          "width": box["width"] + 2 * margin, "height": box["height"] + 2 * margin})
+    return path

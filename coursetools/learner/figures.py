@@ -250,13 +250,14 @@ def show_timeline(spans, title, unit="ms"):
     return fig
 
 
-def show_expected(gpu_prints, source):
+def show_expected(gpu_prints, source, machine="a GPU"):
     """For a cell that needs a GPU this machine lacks: what the cell prints on one, labelled
     "expected, not recorded on a GPU", with the source that says so (a link to PyTorch's docs or
-    code). `...` in gpu_prints stands for what varies (a number, a name). `make.py gpu-report
-    --record` puts the real output below the cell, and tests/author/test_gpu_records.py then
-    checks this text against it."""
+    code). `...` in gpu_prints stands for what varies (a number, a name). `machine` names what the
+    cell needs when one GPU is not enough ("2 GPUs"). `make.py gpu-report --record` puts the real
+    output below the cell, and tests/author/test_gpu_records.py then checks this text against it
+    (unless that GPU, too, lacked what the cell needs and printed this label)."""
     import textwrap
-    print(f"On a GPU this cell prints (expected, not recorded on a GPU; source: {source}):")
+    print(f"On {machine} this cell prints (expected, not recorded on a GPU; source: {source}):")
     print(textwrap.indent(gpu_prints, "  "))
 

@@ -44,7 +44,7 @@ from coursetools.author import fixtures
 from coursetools.learner import lab
 from coursetools import layout, notebooks
 
-from browser_support import chromium_page  # tests/ is on sys.path (tests/conftest.py)
+from browser_support import chromium_page, corner_pixel, screenshot_around  # tests/ is on sys.path (tests/conftest.py)
 
 ROOT = layout.ROOT
 NOTEBOOK = lab.FIRST_NOTEBOOK
@@ -402,17 +402,11 @@ def figure_in_both_themes(page, tmp_path: Path, name: str) -> list[Path]:
         if page.evaluate("document.body.dataset.jpThemeName") != theme:
             set_theme(page, theme)
             figure.scroll_into_view_if_needed()
-        card = page.evaluate("""img => { const c = document.createElement('canvas');
-            c.width = img.naturalWidth; c.height = img.naturalHeight;
-            const g = c.getContext('2d'); g.drawImage(img, 0, 0);
-            return Array.from(g.getImageData(2, 2, 1, 1).data); }""", figure.element_handle())
+        card = corner_pixel(page, figure)
         page_colour = page.evaluate("getComputedStyle(document.querySelector('.jp-NotebookPanel .jp-Notebook'))"
                                     ".backgroundColor")
-        box = figure.bounding_box()
-        shot = ARTIFACTS / "screenshots" / f"jupyterlab-figure-{name}-{theme.split()[-1].lower()}.png"
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(shot), clip={"x": max(box["x"] - 30, 0), "y": max(box["y"] - 30, 0),
-                                              "width": box["width"] + 60, "height": box["height"] + 60})
+        shot = screenshot_around(page, figure, ARTIFACTS / "screenshots" /
+                                 f"jupyterlab-figure-{name}-{theme.split()[-1].lower()}.png")
         shots.append(shot)
         assert card == [255, 255, 255, 255], f"the figure has no opaque white card in {theme}: {card} ({shot})"
         dark_page = sum(int(v) for v in re.findall(r"\d+", page_colour)[:3]) < 3 * 128

@@ -457,7 +457,7 @@ def page_text_of(fragment: str) -> str:
 # In the browser
 # --------------------------------------------------------------------------------------
 
-from browser_support import chromium_page  # noqa: E402  (tests/ is on sys.path)
+from browser_support import chromium_page, corner_pixel, screenshot_around  # noqa: E402  (tests/ is on sys.path)
 
 
 @pytest.fixture
@@ -562,14 +562,8 @@ def test_site_in_the_browser(site, browser_page):
                               theme)
                 page.wait_for_timeout(200)
                 background = page.evaluate("getComputedStyle(document.body).backgroundColor")
-                card = page.evaluate("""img => { const c = document.createElement('canvas');
-                    c.width = img.naturalWidth; c.height = img.naturalHeight;
-                    const g = c.getContext('2d'); g.drawImage(img, 0, 0);
-                    return Array.from(g.getImageData(2, 2, 1, 1).data); }""", figure.element_handle())
-                path = SCREENSHOTS / f"site-figure-{number}-{theme}.png"
-                box = figure.bounding_box()        # the figure with the page around it
-                page.screenshot(path=str(path), clip={"x": max(box["x"] - 30, 0), "y": max(box["y"] - 30, 0),
-                                                      "width": box["width"] + 60, "height": box["height"] + 60})
+                card = corner_pixel(page, figure)
+                path = screenshot_around(page, figure, SCREENSHOTS / f"site-figure-{number}-{theme}.png")
                 figure_shots.append(path.name)
                 assert card[:3] == [255, 255, 255] and card[3] == 255, (
                     f"{lesson.name}'s figure has no opaque white card ({card}) on the {theme} page ({path})")
