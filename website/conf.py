@@ -46,6 +46,7 @@ html_theme = "sphinx_book_theme"
 html_title = _cfg.title
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
+html_js_files = ["course-toggles.js"]  # the menu buttons work (see the file)
 html_last_updated_fmt = None
 html_show_sphinx = False
 html_copy_source = True            # the download buttons serve _sources/ (the repository's files)

@@ -457,7 +457,8 @@ def page_text_of(fragment: str) -> str:
 # In the browser
 # --------------------------------------------------------------------------------------
 
-from browser_support import chromium_page, corner_pixel, screenshot_around  # noqa: E402  (tests/ is on sys.path)
+import browser_support  # noqa: E402  (tests/ is on sys.path)
+from browser_support import chromium_page, corner_pixel, screenshot_around  # noqa: E402
 
 
 @pytest.fixture
@@ -508,6 +509,34 @@ def test_site_in_the_browser(site, browser_page):
         lesson_shot = shot(page, "site-lesson-figure.png")
         launch = page.locator(f'a[href="{layout.config().colab_url(f"course/{lesson.name}")}"]')
         assert launch.count() >= 1, f"no Open in Colab button on {lesson.name} ({lesson_shot})"
+
+        # The menu buttons a reader sees (two .primary-toggle on each page; the themes bind the first,
+        # website/_static/course-toggles.js forwards the visible one). Desktop: ☰ collapses the
+        # course map and brings it back. Phone: ☰ opens the course map's drawer, the other button the
+        # page contents'.
+        sidebar = page.locator("#pst-primary-sidebar")
+        page.locator(".primary-toggle:visible").first.click()
+        page.wait_for_timeout(800)  # the sidebar slides out
+        collapsed = shot(page, "site-menu-collapsed.png")
+        box = sidebar.bounding_box()
+        assert box is None or box["x"] + box["width"] <= 0 or box["width"] == 0, (
+            f"☰ did not collapse the course map at 1400 px: it is at {box} ({collapsed})")
+        page.locator(".primary-toggle:visible").first.click()
+        page.wait_for_function("() => document.querySelector('#pst-primary-sidebar').getBoundingClientRect().left >= 0")
+        assert sidebar.bounding_box()["width"] > 100, f"☰ did not bring the course map back ({collapsed})"
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.reload()
+        for toggle, drawer, inside in ((".primary-toggle", "#pst-primary-sidebar-modal", "01 · "),
+                                       (".secondary-toggle", "#pst-secondary-sidebar-modal", "")):
+            page.locator(f"{toggle}:visible").first.click()
+            page.wait_for_timeout(500)
+            phone = shot(page, f"site-phone-{toggle.strip('.').split('-')[0]}-drawer.png")
+            assert page.evaluate("d => document.querySelector(d).open", drawer) and page.locator(drawer).is_visible() \
+                and inside in page.locator(drawer).inner_text(), (
+                f"the {toggle} button opened no drawer at 390 px ({phone})")
+            page.keyboard.press("Escape")
+            page.wait_for_function("d => !document.querySelector(d).open", arg=drawer)
+        page.set_viewport_size(browser_support.VIEWPORT)
 
         exercise = layout.release_notebook(layout.assignments()[0]).relative_to(ROOT).as_posix()
         page.goto(f"{base}/{html_of(exercise)}")
