@@ -26,6 +26,7 @@ maintainer's build, re-runs only the lessons whose code changed. Then:
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import json
 import re
@@ -460,6 +461,11 @@ def page_text_of(fragment: str) -> str:
 import browser_support  # noqa: E402  (tests/ is on sys.path)
 from browser_support import chromium_page, corner_pixel, screenshot_around  # noqa: E402
 
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # the browser test skips without playwright (browser_support)
+    PlaywrightTimeout = TimeoutError
+
 
 @pytest.fixture
 def browser_page():
@@ -516,7 +522,9 @@ def test_site_in_the_browser(site, browser_page):
         # page contents'.
         sidebar = page.locator("#pst-primary-sidebar")
         page.locator(".primary-toggle:visible").first.click()
-        page.wait_for_timeout(800)  # the sidebar slides out
+        gone = "() => { const b = document.querySelector('#pst-primary-sidebar').getBoundingClientRect(); return b.right <= 0 || b.width === 0; }"
+        with contextlib.suppress(PlaywrightTimeout):   # the sidebar slides out: wait for it, however busy the machine
+            page.wait_for_function(gone, timeout=20_000)
         collapsed = shot(page, "site-menu-collapsed.png")
         box = sidebar.bounding_box()
         assert box is None or box["x"] + box["width"] <= 0 or box["width"] == 0, (
@@ -529,7 +537,8 @@ def test_site_in_the_browser(site, browser_page):
         for toggle, drawer, inside in ((".primary-toggle", "#pst-primary-sidebar-modal", "01 · "),
                                        (".secondary-toggle", "#pst-secondary-sidebar-modal", "")):
             page.locator(f"{toggle}:visible").first.click()
-            page.wait_for_timeout(500)
+            with contextlib.suppress(PlaywrightTimeout):
+                page.wait_for_function("d => document.querySelector(d).open", arg=drawer, timeout=20_000)
             phone = shot(page, f"site-phone-{toggle.strip('.').split('-')[0]}-drawer.png")
             assert page.evaluate("d => document.querySelector(d).open", drawer) and page.locator(drawer).is_visible() \
                 and inside in page.locator(drawer).inner_text(), (
