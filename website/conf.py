@@ -45,6 +45,14 @@ nb_merge_streams = True
 html_theme = "sphinx_book_theme"
 html_title = _cfg.title
 html_static_path = ["_static"]
+templates_path = ["_templates"]
+html_favicon = "_static/favicon.svg"
+# One search box at each width: the theme's sidebar search field, the second one on the desktop,
+# is left out of the sidebar (the header's search field shows on a desktop, the article
+# header's search button on a phone).
+html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
+# "Last verified" on every page, above the footer (website.py: the runs' PyTorch and date).
+html_context = {"course_last_verified": os.environ.get("COURSE_SITE_VERIFIED", "")}
 html_css_files = ["course.css"]
 html_js_files = ["course-toggles.js"]  # the menu buttons work (see the file)
 html_last_updated_fmt = None
@@ -59,4 +67,5 @@ html_theme_options = {
     "launch_buttons": {"colab_url": "https://colab.research.google.com"},
     "show_toc_level": 2,
     "home_page_in_toc": True,
+    "footer_content_items": ["last-verified.html", "copyright.html"],
 }

@@ -3,7 +3,7 @@
     python3 make.py site                 build it into website/_build/html (git-ignored)
     python3 make.py site --serve         build, then preview it on http://127.0.0.1:8000
 
-The stack is Sphinx with myst-nb and sphinx-book-theme (README, "The course as a website",
+The stack is Sphinx with myst-nb and sphinx-book-theme (docs/MAINTAINERS.md, "The website",
 says why). A build has three steps:
 
 1. **Stage** (`stage`): a folder laid out like the repository, holding only what the site
@@ -37,6 +37,7 @@ import dataclasses
 import datetime
 import functools
 import hashlib
+import html
 import html.parser
 import http.server
 import json
@@ -210,8 +211,36 @@ class Chapter:
     def lesson_label(self, index: int) -> str:
         if len(self.lessons) == 1:
             return "Lesson"
+        return f"Lesson, part {self.part_number(index)}"
+
+    def part_number(self, index: int) -> str:
         match = re.search(r"\bpart\s+(\d+)\b", self.lessons[index].title, re.IGNORECASE)
-        return f"Lesson, part {match.group(1) if match else index + 1}"
+        return match.group(1) if match else str(index + 1)
+
+    def nav_title(self, index: int) -> str:
+        """A lesson's sidebar entry, saying what the page is: "01 Device basics",
+        "05 Mixed precision, part 2"."""
+        part = f", part {self.part_number(index)}" if len(self.lessons) > 1 else ""
+        return f"{self.number} {plain(self.title)}{part}"
+
+    def exercise_nav_title(self) -> str:
+        """The exercise's sidebar entry: "01 Exercise: device basics" (the chapter's title up
+        to a colon: "08 Exercise: troubleshooting")."""
+        return f"{self.number} Exercise: {lower_first(plain(self.title).split(':', 1)[0].strip())}"
+
+
+def plain(title: str) -> str:
+    """A title as plain text (a toctree entry or caption is not markdown)."""
+    return title.replace("`", "")
+
+
+def lower_first(title: str) -> str:
+    """`title` with its first word in lower case, unless that word is a name ("PyTorch",
+    "DDP", "CUDA") that keeps its capitals."""
+    word = title.split(" ", 1)[0]
+    if not word.isalpha() or any(ch.isupper() for ch in word[1:]):
+        return title  # "Module.to()", "PyTorch", "DDP"
+    return title[:1].lower() + title[1:]
 
 
 @dataclasses.dataclass
@@ -220,6 +249,7 @@ class Staged:
     pages: dict[str, str]        # staged path -> repository file it was made from ("" if generated)
     lessons: list[str]           # staged paths of the lessons (executed)
     chapters: list[Chapter]
+    unlinked_proofs: list[str] = dataclasses.field(default_factory=list)
 
 
 def header_facts(nb: nbformat.NotebookNode) -> tuple[str, str] | None:
@@ -319,6 +349,116 @@ def rule_anchors(lesson: Path) -> dict[str, str]:
     return found
 
 
+CELL_ANCHOR = "cell-{k}"   # the id of a lesson's k-th code cell (1-based: the cheat sheet's "cell [k]")
+
+
+def add_cell_anchors(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """`nb` with an anchor before each code cell, `<div id="cell-k">` for the k-th (counted
+    as the cheat sheet counts them, coursetools/author/cheatsheet.py), in a markdown cell of
+    its own: links go to the exact cell. Only markdown cells are added (the execution cache
+    matches on code cells)."""
+    cells, k = [], 0
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            k += 1
+            anchor = nbformat.v4.new_markdown_cell(
+                f'<div id="{CELL_ANCHOR.format(k=k)}" class="course-cell-anchor"></div>')
+            anchor.pop("id", None)
+            cells.append(anchor)
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def code_cells(lesson: Path) -> list[str]:
+    """The sources of a lesson's code cells, in order (cell [1] first)."""
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    return [cheatsheet.cell_text(c) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def cell_link(page: str, k: int, dest: str) -> str:
+    """The address of code cell [k] of staged lesson `page`, from staged page `dest`."""
+    html_page = posixpath.splitext(page)[0] + ".html"
+    return posixpath.relpath(html_page, posixpath.dirname(dest) or ".") + "#" + CELL_ANCHOR.format(k=k)
+
+
+CHEAT_CELL = re.compile(r"(\]\(course/(?P<nb>[\w.-]+\.ipynb)(?:#[^)\s]*)?\)), cell \[(?P<k>\d+)\]")
+
+
+def link_cells(text: str, dest: str) -> str:
+    """The cheat sheet's "cell [k]" as links to that cell of the lesson."""
+    def fix(m: re.Match) -> str:
+        href = cell_link(f"course/{m.group('nb')}", int(m.group("k")), dest)
+        return f'{m.group(1)}, <a href="{href}">cell [{m.group("k")}]</a>'
+    return CHEAT_CELL.sub(fix, text)
+
+
+# Where a "proven in" names a cell: `course/NN.ipynb` §N, "# its comment line", or, later in
+# the same table cell, "# another comment line" of the lesson named last.
+MYTH_CITE = re.compile(r"`course/(?P<nb>[\w.-]+\.ipynb)` (?P<section>§[\d.]+), \"(?=#)|\"(?=#)")
+
+
+def myths_page(root: Path, pages: set[str], unlinked: list[str] | None = None) -> str:
+    """docs/MYTHS.md for the site: each "proven in" cell (a lesson, its section, and the
+    proving cell's first comment line) links to that code cell. A citation whose comment line
+    no code cell of the lesson has stays plain text and is added to `unlinked` (the build
+    reports them: docs/MYTHS.md is out of date there)."""
+    unlinked = [] if unlinked is None else unlinked
+    rel = "docs/MYTHS.md"
+    text = rewrite_links((root / rel).read_text(encoding="utf-8"), rel, rel, pages, root)
+    sources: dict[str, list[str]] = {}
+
+    def comment_lines(nb: str) -> list[set[str]]:
+        if nb not in sources:
+            path = root / "course" / nb
+            if not path.exists():
+                raise SiteError(f"docs/MYTHS.md cites course/{nb}, which does not exist")
+            sources[nb] = code_cells(path)
+        return [{line.strip() for line in source.splitlines()} for source in sources[nb]]
+
+    def quoted(nb: str, cell: str, start: int) -> tuple[int | None, str]:
+        """(k, comment) of the code cell whose comment line is quoted from `start` (just
+        after the opening quote; the comment itself may hold quotes); k is None, and the
+        citation is kept in `unlinked`, where no code cell of the lesson has that line."""
+        lines = comment_lines(nb)
+        ends = [i for i, ch in enumerate(cell) if ch == '"' and i > start]
+        for end in ends:
+            for k, found in enumerate(lines, start=1):
+                if cell[start:end] in found:
+                    return k, cell[start:end]
+        comment = cell[start:ends[0]] if ends else cell[start:]
+        unlinked.append(f"course/{nb}: {comment!r}")
+        return None, comment
+
+    def proofs(cell: str) -> str:
+        out, pos, current = [], 0, None
+        for m in MYTH_CITE.finditer(cell):
+            if m.start() < pos:
+                continue  # (a quote inside a comment already linked)
+            current = m.group("nb") or current
+            if current is None:
+                continue
+            k, comment = quoted(current, cell, m.end())
+            if k is None:
+                continue
+            label = html.escape(comment, quote=False)
+            if m.group("nb"):
+                label = f'<code>course/{current}</code> {m.group("section")}, "{label}"'
+            else:
+                label = f'"{label}"'
+            out += [cell[pos:m.start()], f'<a href="{cell_link(f"course/{current}", k, rel)}">{label}</a>']
+            pos = m.end() + len(comment) + 1
+        return "".join(out) + cell[pos:]
+
+    lines = []
+    for line in text.split("\n"):
+        if line.startswith("|") and "`course/" in line:
+            head, _, last = line.rstrip().rstrip("|").rpartition("|")
+            line = f"{head}|{proofs(last)}|"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def cheatsheet_page(root: Path, pages: set[str]) -> str:
     """CHEATSHEET.md for the site: each proof link goes to the section that holds the proof."""
     text = (root / cheatsheet.SHEET).read_text(encoding="utf-8")
@@ -333,7 +473,7 @@ def cheatsheet_page(root: Path, pages: set[str]) -> str:
             anchor = anchors.get(rule.sentence)
             if anchor:
                 text = text.replace(old, old[:-1] + f"#{anchor})")
-    return rewrite_links(text, cheatsheet.SHEET, cheatsheet.SHEET, pages, root)
+    return link_cells(rewrite_links(text, cheatsheet.SHEET, cheatsheet.SHEET, pages, root), cheatsheet.SHEET)
 
 
 def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
@@ -356,15 +496,16 @@ def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     toctrees = []
     for ch in chapters:
-        entries = [f"{ch.lesson_label(i)} <{lesson.path.removesuffix('.ipynb')}>" for i, lesson in enumerate(ch.lessons)]
+        entries = [f"{ch.nav_title(i)} <{lesson.path.removesuffix('.ipynb')}>" for i, lesson in enumerate(ch.lessons)]
         if ch.exercise:
-            entries.append(f"Exercise <{ch.exercise.removesuffix('.ipynb')}>")
+            entries.append(f"{ch.exercise_nav_title()} <{ch.exercise.removesuffix('.ipynb')}>")
         caption = f"{ch.number} · {ch.title}".replace("`", "")  # (a caption is plain text)
         toctrees.append(":::{toctree}\n:hidden:\n:caption: " + f"{caption}\n\n"
                         + "\n".join(entries) + "\n:::")
     reference = [entry for entry, page in [
         (f"Cheat sheet <{cheatsheet.SHEET.removesuffix('.md')}>", cheatsheet.SHEET),
         ("The posts' myths, checked <docs/MYTHS>", "docs/MYTHS.md"),
+        *((f"{title} <{rel.removesuffix('.md')}>", rel) for rel, title in GUIDES),
         ("For instructors <instructors>", "instructors.md"), ("About these outputs <about>", "about.md")]
         if page in pages]
     toctrees.append(":::{toctree}\n:hidden:\n:caption: Reference\n\n" + "\n".join(reference) + "\n:::")
@@ -382,16 +523,48 @@ def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
         *([f"The course on one page: the [cheat sheet]({cheatsheet.SHEET})."] if cheatsheet.SHEET in pages else []),
         *(["Where the course comes from: [the posts' myths, checked](docs/MYTHS.md)."]
           if "docs/MYTHS.md" in pages else []),
-        "Running a class: [for instructors](instructors.md).",
+        *(["Guides: " + ", ".join(f"[{title.lower() if title.startswith('The') else title}]({rel})"
+                                  for rel, title in GUIDES if rel in pages) + "."]
+          if "docs/INSTRUCTORS.md" in pages else ["Running a class: [for instructors](instructors.md)."]),
         "", *toctrees, "",
     ])
 
 
+# The guides under docs/, one per reader, each a page of the site (where the repository has it).
+GUIDES = [("docs/LEARNERS.md", "Learners' guide"), ("docs/INSTRUCTORS.md", "Instructors' guide"),
+          ("docs/GRADING_SECURITY.md", "The grading security model"),
+          ("docs/MAINTAINERS.md", "Maintainers' guide")]
+
 EXERCISE_NOTE = """:::{{note}}
-The exercise as released: answer cells to fill in, each followed by its visible tests.
-Open it in Colab or download it (buttons at the top of the page); `python3 make.py check {path}`
-grades your copy with the hidden tests too.
+**Checking your answers here, on the web or in Colab.** This is the exercise as released:
+answer cells to fill in, each followed by its visible tests. Open it in Colab (the *Open in
+Colab* badge, or the rocket button at the top of the page), run the cells from the top, then
+run each test cell after your answer: a test cell that runs without an error means your answer
+passes its visible tests. The hidden tests, which decide the grade, run only on your own copy
+of the course (`python3 make.py check {path}`) or in your instructor's grader. The locked setup
+and helper cells are collapsed below: click one to show its code.
 :::"""
+# Question 1's heading: the first level-2 heading ("## Question 1 · ...", "## 1. ...").
+QUESTION = re.compile(r"^##\s+\S", re.MULTILINE)
+HIDE_INPUT = "hide-input"  # myst-nb: the cell's code collapsed behind a "show" toggle
+
+
+def collapse_locked_setup(nb: nbformat.NotebookNode) -> int:
+    """Tag the locked code cells before question 1 (setup, grading helpers) `hide-input`, so
+    the page shows question 1 first; how many were tagged. Question 1 starts at the first
+    level-2 heading or the first answer cell, whichever comes first."""
+    tagged = 0
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and QUESTION.search(cell.source):
+            break
+        if cell.cell_type == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            break
+        if cell.cell_type == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("locked"):
+            tags = cell.metadata.setdefault("tags", [])
+            if HIDE_INPUT not in tags:
+                tags.append(HIDE_INPUT)
+            tagged += 1
+    return tagged
 
 
 def stage(root: Path, dest: Path) -> Staged:
@@ -405,13 +578,18 @@ def stage(root: Path, dest: Path) -> Staged:
     exercise_rel = {a: layout.release_notebook(a, root).relative_to(root).as_posix() for a in assignments}
     pages: dict[str, str] = {}
     resources: list[str] = []    # staged files that are no pages (attachments)
+    unlinked_proofs: list[str] = []  # docs/MYTHS.md's citations of a cell no lesson has
     for rel in [*lesson_rel, *exercise_rel.values()]:
         pages[rel] = rel
     docs = {cheatsheet.SHEET: cheatsheet.SHEET, "docs/MYTHS.md": "docs/MYTHS.md"}
     for rel in docs:
         if (root / rel).exists():
             pages[rel] = rel
-    pages["instructors.md"] = "README.md"
+    guides = [rel for rel, _ in GUIDES if (root / rel).exists()]
+    for rel in guides:
+        pages[rel] = rel
+    if "docs/INSTRUCTORS.md" not in pages:  # (a repository whose README still holds the guide)
+        pages["instructors.md"] = "README.md"
 
     chapters: dict[str, Chapter] = {}
     for lesson, rel in zip(lessons, lesson_rel):
@@ -420,7 +598,7 @@ def stage(root: Path, dest: Path) -> Staged:
             if cell.cell_type == "markdown":
                 cell.source = local_badge(rewrite_links(cell.source, rel, rel, set(pages), root), rel)
         resources += extract_attachments(nb, rel, dest)
-        _write(dest / rel, _notebook_text(nb))
+        _write(dest / rel, _notebook_text(add_cell_anchors(nb)))
         facts = header_facts(nb)
         if facts is None:
             raise SiteError(f"{rel}: its header has no '**Prerequisites:** ... **Time:** ...' line "
@@ -446,6 +624,7 @@ def stage(root: Path, dest: Path) -> Staged:
             if cell.cell_type == "markdown":
                 cell.source = local_badge(rewrite_links(cell.source, rel, rel, set(pages), root), rel)
         resources += extract_attachments(nb, rel, dest)
+        collapse_locked_setup(nb)
         note = nbformat.v4.new_markdown_cell(EXERCISE_NOTE.format(path=rel))
         note.pop("id", None)
         nb.cells.insert(1, note)
@@ -454,12 +633,15 @@ def stage(root: Path, dest: Path) -> Staged:
     if cheatsheet.SHEET in pages:
         _write(dest / cheatsheet.SHEET, cheatsheet_page(root, set(pages)))
     if "docs/MYTHS.md" in pages:
-        myths = (root / "docs/MYTHS.md").read_text(encoding="utf-8")
-        _write(dest / "docs/MYTHS.md", rewrite_links(myths, "docs/MYTHS.md", "docs/MYTHS.md", set(pages), root))
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    guide = readme_section(readme, "For instructors")
-    _write(dest / "instructors.md", rewrite_links(guide, "README.md", "instructors.md", set(pages), root,
-                                                  anchor_page="README.md", local_anchors=heading_slugs(guide)))
+        _write(dest / "docs/MYTHS.md", myths_page(root, set(pages), unlinked_proofs))
+    for rel in guides:
+        text = (root / rel).read_text(encoding="utf-8")
+        _write(dest / rel, rewrite_links(text, rel, rel, set(pages), root))
+    if "instructors.md" in pages:
+        readme = (root / "README.md").read_text(encoding="utf-8")
+        guide = readme_section(readme, "For instructors")
+        _write(dest / "instructors.md", rewrite_links(guide, "README.md", "instructors.md", set(pages), root,
+                                                      anchor_page="README.md", local_anchors=heading_slugs(guide)))
     pages["index.md"] = ""
     pages["about.md"] = ""
     _write(dest / "index.md", home_page(root, chapters, set(pages)))
@@ -478,7 +660,7 @@ def stage(root: Path, dest: Path) -> Staged:
     manifest = {"pages": {p: {"origin": o, "sha256": _sha256(root / o) if o else None}
                           for p, o in sorted(pages.items())}}
     _write(dest / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return Staged(dest, pages, lesson_rel, chapters)
+    return Staged(dest, pages, lesson_rel, chapters, unlinked_proofs)
 
 
 def _sha256(path: Path) -> str:
@@ -676,6 +858,16 @@ def about_page(executions: list[Execution], staged: Staged) -> str:
     return "\n".join(lines)
 
 
+def last_verified(executions: list[Execution]) -> str:
+    """What every page's "Last verified" line says: the PyTorch release(s) the lessons' outputs
+    were made with and the date of the latest of those runs ("PyTorch 2.9.1, 2026-12-01")."""
+    if not executions:
+        return ""
+    torch = sorted({e.torch for e in executions})
+    date = max(e.executed_at for e in executions)[:10]
+    return f"PyTorch {', '.join(torch)}, run on {date}"
+
+
 def _version(name: str) -> str:
     try:
         return metadata.version(name)
@@ -731,11 +923,14 @@ def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path
     with offline():
         staged = stage(root, build_dir / "src")
         log(f"staged {len(staged.pages)} pages from {root}")
+        for citation in staged.unlinked_proofs:
+            log(f"  docs/MYTHS.md cites a cell that no code cell has, left unlinked (fix the quote): {citation}")
         executions = execute_lessons(staged, cache_dir, log)
         left = _children()
         if left:
             raise SiteError(f"a lesson's kernel was left running: {left}")
         _write(staged.folder / "about.md", about_page(executions, staged))
+        os.environ["COURSE_SITE_VERIFIED"] = last_verified(executions)
         _sphinx(staged.folder, html, build_dir / "doctrees", cache_dir)
     # The download buttons serve the repository's notebooks, exactly as Colab opens them.
     for page, origin in staged.pages.items():
@@ -750,7 +945,8 @@ def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path
     result = BuildResult(html, staged, executions, len(site_pages(html)), checked,
                          time.perf_counter() - started)
     summary = {"pages": result.pages, "links_checked": checked, "seconds": round(result.seconds, 1),
-               "lessons": [dataclasses.asdict(e) for e in executions]}
+               "lessons": [dataclasses.asdict(e) for e in executions],
+               "unlinked_myths_proofs": staged.unlinked_proofs}
     _write(build_dir / "site-build.json", json.dumps(summary, indent=1) + "\n")
     return result
 

@@ -441,13 +441,146 @@ def test_a_chapter_in_parts_is_one_chapter_of_the_map(tiny_site):
     with their times, each part a page with its own Colab link."""
     index = (tiny_site["src"] / "index.md").read_text()
     assert index.count(":caption: 00 ·") == 1, index
-    assert "Lesson, part 1 <course/00_tiny>" in index and "Lesson, part 2 <course/00_tiny_2>" in index
+    assert "00 A tiny lesson for the GPU-record tests, part 1 <course/00_tiny>" in index, index
+    assert "00 A tiny lesson for the GPU-record tests, part 2 <course/00_tiny_2>" in index, index
     rows = [line for line in index.splitlines() if line.startswith("| 00 |")]
     assert len(rows) == 1 and "about 1 minute" in rows[0] and "about 2 minutes to read" in rows[0], rows
     assert "12 words" not in rows[0], "the course map shows the time up to its first colon"
     raw = (tiny_site["html"] / "course" / "00_tiny_2.html").read_text(encoding="utf-8")
     assert layout.config().colab_url("course/00_tiny_2.ipynb") in raw and "42" in page_text(
         tiny_site["html"] / "course" / "00_tiny_2.html")
+
+
+# --------------------------------------------------------------------------------------
+# Navigation, "last verified", exercise pages, links to cells
+# --------------------------------------------------------------------------------------
+
+def sidebar_entries(raw: str) -> list[str]:
+    """The sidebar's page entries (the course map's toctrees), as a reader sees them."""
+    nav = re.search(r'<nav class="bd-links bd-docs-nav".*?</nav>', raw, re.DOTALL)
+    assert nav, "no sidebar navigation on the page"
+    return [" ".join(html.unescape(re.sub(r"<[^>]+>", "", a)).split())
+            for a in re.findall(r'<a class="reference internal"[^>]*>(.*?)</a>', nav.group(0), re.DOTALL)]
+
+
+def test_sidebar_entries_say_what_each_page_is(site):
+    """"01 Device basics", "05 Mixed precision, part 2", "01 Exercise: device basics": each
+    entry names its chapter and page, none is a bare "Lesson" or "Exercise"."""
+    entries = sidebar_entries((site["html"] / "index.html").read_text(encoding="utf-8"))
+    assert not [e for e in entries if re.fullmatch(r"(Lesson|Exercise)(, part \d+)?", e)], entries
+    chapters = site_chapters()
+    for ch in chapters:
+        several = len(ch.lessons) > 1
+        for i, lesson in enumerate(ch.lessons):
+            want = f"{ch.number} {ch.title.replace('`', '')}" + (f", part {ch.part_number(i)}" if several else "")
+            assert want in entries, f"no sidebar entry {want!r} for {lesson.path}: {entries}"
+        if ch.exercise:
+            want = f"{ch.number} Exercise: {website.lower_first(ch.title.replace('`', '').split(':')[0].strip())}"
+            assert want in entries, f"no sidebar entry {want!r} for {ch.exercise}: {entries}"
+    assert len(set(entries)) == len(entries), f"two sidebar entries read the same: {entries}"
+    for want in ("01 Device basics", "01 Exercise: device basics", "03 Exercise: Module.to() vs Tensor.to()",
+                 "05 Mixed precision (AMP), part 2", "08 Exercise: troubleshooting"):
+        assert want in entries, f"no sidebar entry {want!r}: {entries}"
+
+
+def site_chapters() -> list:
+    """The course map's chapters, as a fresh staging reads them from the repository."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as scratch:
+        return website.stage(ROOT, Path(scratch)).chapters
+
+
+def test_one_search_box_and_a_favicon(site):
+    """The search button of the article header (there at every width) is the page's only
+    search box in the layout a desktop shows; the favicon is the site's own SVG."""
+    for page in ("index.html", "course/01_device_basics.html"):
+        raw = (site["html"] / page).read_text(encoding="utf-8")
+        sidebar = re.search(r'<div id="pst-primary-sidebar".*?<nav class="bd-links', raw, re.DOTALL).group(0)
+        assert "search-button" not in sidebar, f"{page}: a second search box in the sidebar"
+        assert re.search(r'<div class="article-header-buttons">.*?class="[^"]*\bsearch-button\b', raw, re.DOTALL), (
+            f"{page}: no search button in the article header")
+        icon = re.search(r'<link rel="icon" href="([^"]+)"', raw)
+        assert icon and icon.group(1).endswith("_static/favicon.svg"), f"{page}: no favicon link ({icon})"
+    svg = (site["html"] / "_static" / "favicon.svg").read_text(encoding="utf-8")
+    assert svg.lstrip().startswith("<svg") and "http" not in svg.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_every_page_says_when_its_outputs_were_last_verified(site):
+    """"Last verified: PyTorch X, run on DATE (about these outputs)" on every page: the
+    PyTorch and the date of the latest run whose outputs the site shows."""
+    lessons = site["summary"]["lessons"]
+    torch_versions = ", ".join(sorted({e["torch"] for e in lessons}))
+    date = max(e["executed_at"] for e in lessons)[:10]
+    want = f"Last verified: PyTorch {torch_versions}, run on {date}"
+    for path in website.site_pages(site["html"]):
+        raw = path.read_text(encoding="utf-8")
+        line = re.search(r'<p class="course-last-verified">(.*?)</p>', raw, re.DOTALL)
+        rel = path.relative_to(site["html"]).as_posix()
+        assert line, f"{rel}: no 'Last verified' line"
+        assert want in " ".join(page_text_of(line.group(1)).split()), f"{rel}: {line.group(1)!r}, want {want!r}"
+        about = "#" if rel == "about.html" else posixpath_rel("about.html", rel)
+        assert f'href="{about}"' in line.group(1), f"{rel}: 'Last verified' does not link to {about}"
+
+
+def posixpath_rel(target: str, page: str) -> str:
+    import posixpath
+    return posixpath.relpath(target, posixpath.dirname(page) or ".")
+
+
+def test_exercise_pages_collapse_the_locked_setup_and_advise_a_web_reader(site):
+    """Every locked code cell before question 1 is collapsed (`hide-input`, in the staged copy
+    only); the note at the top says how a web or Colab reader checks an answer."""
+    for assignment in layout.assignments():
+        rel = layout.release_notebook(assignment).relative_to(ROOT).as_posix()
+        original = notebooks.read(ROOT / rel)
+        assert not any("hide-input" in c.metadata.get("tags", []) for c in original.cells), (
+            f"{rel}: the repository's notebook carries the site's tag")
+        first_question = next(i for i, c in enumerate(original.cells)
+                              if c.cell_type == "markdown" and website.QUESTION.search(c.source)
+                              or c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution"))
+        locked = [c for c in original.cells[:first_question]
+                  if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("locked")]
+        assert locked, f"{rel}: no locked setup cell before question 1"
+        raw = (site["html"] / html_of(rel)).read_text(encoding="utf-8")
+        article = raw[raw.index('<article class="bd-article"'):]
+        head = article.split("<h2", 1)[0] if original.cells[first_question].cell_type == "markdown" \
+            else article.split('<div class="cell tag_raises-exception', 1)[0]
+        cells = re.findall(r'<div class="cell (?:tag_[\w-]+ )*docutils container[^"]*"', head)
+        assert len(cells) == len(locked), (rel, cells)
+        assert all("tag_hide-input" in c for c in cells), f"{rel}: a locked cell before question 1 is not collapsed"
+        note = " ".join(page_text(site["html"] / html_of(rel)).split())
+        for words in ("Open in Colab", "run each test cell", "The hidden tests, which decide the grade, run only"):
+            assert words in note, f"{rel}: the web reader's note lacks {words!r}"
+
+
+def test_cheatsheet_and_myths_link_to_the_exact_cell(site):
+    """Each "cell [k]" of the cheat sheet and each "proven in" cell of MYTHS links to
+    `course/NN.html#cell-k`, and the anchor stands right before the k-th code cell (the link
+    check proves the anchors exist)."""
+    sheet = (site["html"] / "CHEATSHEET.html").read_text(encoding="utf-8")
+    rules = [r for lesson in layout.lessons() for r in cheatsheet.read_rules(lesson)[0]]
+    links = re.findall(r'<a href="(course/[^"#]+\.html)#cell-(\d+)">cell \[(\d+)\]</a>', sheet)
+    assert len(links) == len(rules), f"{len(rules)} rules, {len(links)} 'cell [k]' links on the cheat sheet"
+    myths = (site["html"] / "docs" / "MYTHS.html").read_text(encoding="utf-8")
+    myth_links = re.findall(r'href="\.\./(course/[^"#]+\.html)#cell-(\d+)"', myths)
+    assert len(myth_links) >= 30, f"MYTHS' 'proven in' column links to {len(myth_links)} cells"
+    targets = {(page, int(k)) for page, k, *_ in links} | {(page, int(k)) for page, k in myth_links}
+    for page, k in sorted(targets):
+        raw = (site["html"] / page).read_text(encoding="utf-8")
+        after = raw.split(f'id="cell-{k}"', 1)
+        assert len(after) == 2, f"{page}: no #cell-{k}"
+        shown = " ".join(page_text_of(re.search(r'<div class="cell_input.*?</pre>', after[1], re.DOTALL).group(0)).split())
+        lesson = ROOT / "course" / (Path(page).stem + ".ipynb")
+        source = website.code_cells(lesson)[k - 1]
+        assert " ".join(source.split())[:60] in shown, f"{page}#cell-{k} is not code cell [{k}]: {shown[:80]!r}"
+
+
+def test_every_myths_citation_names_a_cell_the_lesson_has(site):
+    """A "proven in" citation that matches no code cell stays plain text; the build lists it.
+    This fails while docs/MYTHS.md quotes a comment line the lesson no longer has."""
+    assert site["summary"]["unlinked_myths_proofs"] == [], (
+        "docs/MYTHS.md cites cells by comment lines no code cell has (fix the quotes): "
+        f"{site['summary']['unlinked_myths_proofs']}")
 
 
 def page_text_of(fragment: str) -> str:
@@ -613,3 +746,68 @@ def test_site_in_the_browser(site, browser_page):
     assert not requested_elsewhere, f"the site asked another host for: {requested_elsewhere[:10]}"
     assert not failed, f"requests failed: {failed[:10]}"
     print(f"screenshots: {home}, {lesson_shot}, {exercise_shot}, {search_shot}, {dark_shot}; figures: {figure_shots}")
+
+
+FIT_WIDTHS = (390, 1366)
+# Why a page is wider than the window, or what is cut off: the widest elements that stick out,
+# code blocks whose lines are hidden behind a scrollbar, the page-contents column past the edge.
+_FIT_PROBLEMS = """() => {
+  const W = window.innerWidth, out = [];
+  if (document.documentElement.scrollWidth > W)
+    out.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${W} px window`);
+  for (const e of document.querySelectorAll('article *')) {
+    const r = e.getBoundingClientRect();
+    if (r.width && r.right > W + 1 && !e.closest('.pst-scrollable-table-container, .table-wrapper, .course-scroll'))
+      { out.push(`${e.tagName.toLowerCase()}.${e.className} ends at ${Math.round(r.right)} px`); if (out.length > 6) break; }
+  }
+  for (const pre of document.querySelectorAll('article pre'))
+    if (pre.scrollWidth > pre.clientWidth + 1 && pre.offsetParent)
+      out.push(`a code block hides ${pre.scrollWidth - pre.clientWidth} px of its lines: ${pre.innerText.slice(0, 60)}`);
+  const toc = document.querySelector('.bd-sidebar-secondary');
+  if (toc && toc.offsetParent) {
+    const r = toc.getBoundingClientRect();
+    if (r.right > W + 1 || toc.scrollWidth > toc.clientWidth + 1)
+      out.push(`the page-contents column is cut off (right ${Math.round(r.right)}, content ${toc.scrollWidth} > ${toc.clientWidth})`);
+  }
+  return out.slice(0, 10);
+}"""
+
+
+def test_site_fits_a_phone_and_a_desktop_in_both_themes(site, browser_page):
+    """The landing page, a lesson, an exercise and the cheat sheet at 390 px and 1366 px, light
+    and dark: nothing wider than the window (wide tables scroll inside their own box), no
+    code line hidden behind a scrollbar, the page-contents column whole; 16 screenshots. On
+    the exercise page question 1 comes first, the locked set-up cells collapsed above it."""
+    page = browser_page
+    httpd = website.server(site["html"], port=0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    exercise = html_of(layout.release_notebook(layout.assignments()[0]).relative_to(ROOT).as_posix())
+    pages = {"home": "index.html", "lesson": "course/01_device_basics.html", "exercise": exercise,
+             "cheatsheet": "CHEATSHEET.html"}
+    problems, shots = [], []
+    try:
+        for width in FIT_WIDTHS:
+            page.set_viewport_size({"width": width, "height": 844 if width < 500 else 900})
+            for name, rel in pages.items():
+                page.goto(f"{base}/{rel}")
+                page.wait_for_load_state("load")
+                if name == "exercise":
+                    heights = page.evaluate("() => Array.from(document.querySelectorAll("
+                                            "'div.cell.tag_hide-input'), c => c.getBoundingClientRect().height)")
+                    if len(heights) < 2 or max(heights) > 120:
+                        problems.append(f"{rel} at {width} px: the set-up cells before question 1 are not "
+                                        f"collapsed (heights {heights})")
+                for theme in ("light", "dark"):
+                    page.evaluate("t => { document.documentElement.dataset.theme = t; "
+                                  "document.documentElement.dataset.mode = t; }", theme)
+                    page.evaluate("window.scrollTo(0, 0)")
+                    page.wait_for_function("t => document.documentElement.dataset.theme === t", arg=theme)
+                    path = shot(page, f"site-{name}-{width}-{theme}.png")
+                    shots.append(path.name)
+                problems += [f"{rel} at {width} px: {p}" for p in page.evaluate(_FIT_PROBLEMS)]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert len(shots) == 16, shots
+    assert not problems, "cut off or too wide:\n  " + "\n  ".join(problems)
