@@ -21,7 +21,7 @@ Validate and the Assignments tab (`jupyter-config/instructor/`). What is opened 
 course's source. nbgrader's exchange is `local-exchange/` in the course (git-ignored; set in
 nbgrader_config.py, made here if missing), so an instructor can release in Formgrader, fetch
 and submit as a student in the Assignments tab (into `local-exchange/student/`), collect and
-grade, all on one machine; a class server replaces it (README, "Large classes").
+grade, all on one machine; a class server replaces it (docs/INSTRUCTORS.md, "Large classes").
 
 Both modes use JupyterLab's and Jupyter Server's own configuration files, found through
 JUPYTER_CONFIG_PATH: `jupyter-config/<mode>/` (page_config.json disables lab plugins,
@@ -58,6 +58,9 @@ WORK_DIR = "work"
 MANIFEST = ".course-versions.json"
 FIRST_NOTEBOOK = "course/00_start_here.ipynb"
 EXERCISE_SUFFIX = "_exercise"
+# The references a learner reads beside the notebooks, copied into work/ at the same paths
+# (their Chinese versions, zh/..., into work/zh/ with --lang zh).
+REFERENCES = ("CHEATSHEET.md", "docs/MYTHS.md", "docs/LEARNERS.md")
 CONFIG_DIR = "jupyter-config"
 MODES = ("learner", "instructor")
 ZH = "zh"  # the Chinese edition's folder, in the repository and in work/
@@ -77,6 +80,7 @@ def copies(root: Path = layout.ROOT, lang: str = "en") -> list[tuple[Path, Path]
         release = layout.release_notebook(name, root)
         if release.exists():
             pairs.append((release, work / "exercises" / name / f"{name}{EXERCISE_SUFFIX}.ipynb"))
+    pairs += [(root / ref, work / ref) for ref in REFERENCES if (root / ref).exists()]
     if lang == ZH:
         for source, dest in list(pairs):
             chinese = root / ZH / source.relative_to(root)
@@ -85,15 +89,56 @@ def copies(root: Path = layout.ROOT, lang: str = "en") -> list[tuple[Path, Path]
     return pairs
 
 
-def copy_text(source: Path, root: Path = layout.ROOT) -> str:
-    """What the learner's copy of `source` holds at first: the same notebook, except that a
-    lesson's links to its exercise name the exercise's copy (…_exercise.ipynb)."""
+def copy_text(source: Path, root: Path = layout.ROOT, lang: str = "en") -> str:
+    """What the learner's copy of `source` holds at first: the same notebook or document,
+    except that a lesson's or a reference's links to an exercise name the exercise's copy
+    (…_exercise.ipynb), and a reference's links to files work/ does not hold (README, the
+    instructors' guide, the code) go to the course's repository on GitHub."""
     text = source.read_text(encoding="utf-8")
-    if source.parent.name == "course":  # (a Chinese lesson's link to an English exercise
-        for name in layout.assignments(root):  # is ../../exercises/...: renamed the same way)
-            text = text.replace(f"../exercises/{name}/{name}.ipynb",
-                                f"../exercises/{name}/{name}{EXERCISE_SUFFIX}.ipynb")
+    if source.parent.name == "course" or source.suffix == ".md":  # (a Chinese lesson's link to
+        for name in layout.assignments(root):  # an English exercise is ../../exercises/...)
+            text = re.sub(rf"(?<![\w/])((?:\.\./)*exercises/{name}/){name}\.ipynb",
+                          rf"\g<1>{name}{EXERCISE_SUFFIX}.ipynb", text)
+    if source.suffix == ".md":
+        text = _links_outside_work_to_github(text, source, root, lang)
+    return _references_from_github(text, source, root, lang)
+
+
+def _references_from_github(text: str, source: Path, root: Path, lang: str) -> str:
+    """A notebook links to the references on GitHub (what works in Colab); its copy in work/
+    links to their copies beside it, which JupyterLab opens."""
+    cfg = layout.config()
+    here = work_dir(root) / source.relative_to(root).parent
+    for ref, dest in copies(root, lang):
+        if ref.suffix == ".md":
+            url = f"https://github.com/{cfg.github_repo}/blob/{cfg.branch}/{ref.relative_to(root).as_posix()}"
+            text = text.replace(f"]({url}", f"]({Path(os.path.relpath(dest, here)).as_posix()}")
     return text
+
+
+def _links_outside_work_to_github(text: str, source: Path, root: Path, lang: str) -> str:
+    cfg = layout.config()
+    held = {s.resolve() for s, _ in copies(root, lang)}
+    base = source.parent
+
+    def fix(match: re.Match) -> str:
+        target = match.group(2)
+        path, hash_, anchor = target.partition("#")
+        if not path or re.match(r"^[a-z][a-z0-9+.-]*:", path, re.IGNORECASE):
+            return match.group(0)
+        if path.endswith(f"{EXERCISE_SUFFIX}.ipynb"):
+            return match.group(0)  # an exercise's copy (renamed above)
+        resolved = (base / path).resolve()
+        if resolved in held:
+            return match.group(0)
+        try:
+            rel = resolved.relative_to(root.resolve()).as_posix()
+        except ValueError:
+            return match.group(0)
+        url = f"https://github.com/{cfg.github_repo}/blob/{cfg.branch}/{rel}" + (f"#{anchor}" if hash_ else "")
+        return f"{match.group(1)}({url})"
+
+    return re.sub(r"(\]|\]\s*)\(([^)\s]+)\)", fix, text)
 
 
 def _sha(text: str) -> str:
@@ -110,6 +155,11 @@ def cells_fingerprint(text: str) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return _sha(json.dumps(parts))
+
+
+def fingerprint(dest: Path, text: str) -> str | None:
+    """What the learner can change: a notebook's cells, a document's whole text."""
+    return cells_fingerprint(text) if dest.suffix == ".ipynb" else _sha(text)
 
 
 @dataclass
@@ -153,10 +203,10 @@ def sync(root: Path = layout.ROOT, lang: str = "en") -> SyncReport:
     report = SyncReport()
     for source, dest in copies(root, lang):
         key = dest.relative_to(root).as_posix()
-        fresh = copy_text(source, root)
+        fresh = copy_text(source, root, lang)
         entry = manifest.get(key)
         record = {"source": source.relative_to(root).as_posix(), "source_sha256": _sha(fresh),
-                  "cells": cells_fingerprint(fresh)}
+                  "cells": fingerprint(dest, fresh)}
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(fresh, encoding="utf-8")
@@ -165,7 +215,7 @@ def sync(root: Path = layout.ROOT, lang: str = "en") -> SyncReport:
             continue
         if entry and entry.get("source_sha256") == record["source_sha256"]:
             continue  # the course did not change this notebook since it was copied
-        mine = cells_fingerprint(dest.read_text(encoding="utf-8", errors="replace"))
+        mine = fingerprint(dest, dest.read_text(encoding="utf-8", errors="replace"))
         if mine is not None and mine == record["cells"]:
             manifest[key] = record  # the same cells: nothing of the learner's to keep
         elif entry and mine is not None and mine == entry.get("cells"):

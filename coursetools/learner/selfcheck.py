@@ -1,8 +1,11 @@
 """Grade one exercise notebook a learner edited, the way the instructor's autograder would.
 
-    python3 make.py check exercises/01_device_basics/01_device_basics.ipynb
+    python3 make.py check 01                 chapter 01: your copy in work/ (from `make.py lab`)
+    python3 make.py check 01 --lang zh       your copy of the Chinese edition's, in work/zh/
+    python3 make.py check PATH.ipynb         any exercise notebook (the course's path: your copy)
 
-No nbgrader course, gradebook or database is needed, and the learner's file is only read.
+A chapter's number or name grades the learner's copy of its exercise in work/, or the course's
+release when `make.py lab` made no copy. No nbgrader course, gradebook or database is needed, and the learner's file is only read.
 The graded copy is rebuilt from the learner's answers and the course's own cells:
 
 * every test cell and every locked cell comes from `solutions/` (hidden tests included), so
@@ -222,8 +225,8 @@ def format_findings(findings: list[review.Finding]) -> str:
 
 def format_report(path: Path, name: str, results: list[QuestionResult], seconds: float,
                   visible_only: bool, findings: list[review.Finding] | None = None,
-                  explain: bool = False) -> str:
-    """The learner's report. A failing test's message says what was observed and which rule
+                  explain: bool = False, again: str | None = None) -> str:
+    """The learner's report (`again`: what to type to check it again, default `path`). A failing test's message says what was observed and which rule
     that breaks; how to fix it (the part after hints.FIX_MARKER) is shown with `explain`."""
     which = tr("visible tests only") if visible_only else tr("visible and hidden tests")
     lines = [tr("Self-check of {path} (assignment {name}; {which}; your file is not modified)").format(
@@ -243,8 +246,33 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
         total=f"{total:g}", possible=f"{possible:g}", seconds=f"{seconds:.1f}")]
     if not explain and any(hints.split(r.message)[1] for r in results):
         lines.append(tr("Stuck on one? `python3 make.py check --explain {path}` also says how to fix each failure.").format(
-            path=path))
+            path=again or path))
     return "\n".join(lines) + format_findings(findings or [])
+
+
+def chapter_named(arg: str, root: Path = layout.ROOT) -> str | None:
+    """The assignment `arg` names by its number or its whole name ("01", "1", "01_device_basics"),
+    or None when it names none (then it is a path)."""
+    names = layout.assignments(root)
+    if arg in names:
+        return arg
+    if arg.isdigit():
+        found = [n for n in names if int(n.split("_", 1)[0]) == int(arg)]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def chapter_notebook(name: str, lang: str = "en", root: Path = layout.ROOT) -> Path:
+    """What `make.py check NAME` grades: the learner's copy of the chapter's exercise in work/
+    (work/zh/ with lang="zh"), or the course's own release when `make.py lab` made none."""
+    release = layout.release_notebook(name, root)
+    course = root / lab.ZH / release.relative_to(root) if lang == "zh" else release
+    if not course.exists():
+        course = release
+    mine = lab.learner_copy(course, root)
+    if mine is None:
+        return course.relative_to(root) if course.is_relative_to(root) else course
+    return mine.relative_to(root) if mine.is_relative_to(root) else mine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python3 make.py check",
         description="Grade one exercise notebook you edited, with the course's own tests.",
     )
-    parser.add_argument("notebook", type=Path, help="e.g. exercises/01_device_basics/01_device_basics.ipynb")
+    parser.add_argument("notebook", type=Path,
+                        help="the chapter (01, or 01_device_basics): your copy in work/ from `make.py lab`, "
+                             "or the course's exercise when you have none; or any exercise notebook's path")
     parser.add_argument("--timeout", type=int, default=CELL_TIMEOUT_S,
                         help=f"seconds allowed per cell (default {CELL_TIMEOUT_S}, as grade-class)")
     parser.add_argument("--visible-only", action="store_true",
@@ -264,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lang", choices=("en", "zh"), default=None,
                         help="the report's language (default: Chinese for a notebook of the Chinese edition)")
     args = parser.parse_args(argv)
+    given = str(args.notebook)
+    chapter = None if args.notebook.exists() else chapter_named(str(args.notebook))
+    if chapter is not None:
+        args.notebook = chapter_notebook(chapter, args.lang or "en")
     set_language(args.lang or notebook_language(args.notebook))
     notebook = args.notebook
     # make.py lab (learner mode) works on copies in work/
@@ -286,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
               "`python3 make.py lab` once reinstalls .venv if it is broken)", file=sys.stderr)
         return 2
     print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only,
-                        findings, explain=args.explain))
+                        findings, explain=args.explain, again=given))
     if not results:
         return 2
     return 0 if all(r.score == r.max_score for r in results) else 1

@@ -499,6 +499,24 @@ def test_learner_path_in_jupyterlab(chromium, server_factory, tmp_path):
     status = git(checkout, "status", "--porcelain")
     assert status == "", f"JupyterLab changed the repository:\n{status}"
 
+    # The references open in JupyterLab, rendered: the cheat sheet from lesson 00's link (its
+    # copy in work/ links to work/CHEATSHEET.md, where the course's links to GitHub), MYTHS and
+    # the learners' guide from the file browser's paths.
+    page.goto(f"{server.url}/lab/tree/{NOTEBOOK}?token={server.token}", timeout=PAGE_LOAD_MS)
+    wait_for_notebook(page, server, NOTEBOOK)
+    link = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-RenderedMarkdown a", has_text="CHEATSHEET.md").first
+    link.scroll_into_view_if_needed()
+    link.click()
+    references = [("CHEATSHEET.md", "Device cheat sheet"), ("docs/MYTHS.md", "The posts' myths, checked"),
+                  ("docs/LEARNERS.md", "Learners' guide")]
+    for i, (rel, heading) in enumerate(references):
+        if i:
+            page.goto(f"{server.url}/lab/tree/{rel}?token={server.token}", timeout=PAGE_LOAD_MS)
+        title = page.locator(".jp-MarkdownViewer .jp-RenderedMarkdown h1", has_text=heading).first
+        title.wait_for(timeout=PAGE_LOAD_MS)
+        assert (work / rel).is_file(), f"{rel} is not in the learner's work folder"
+    shot_refs = screenshot(page, tmp_path, "jupyterlab-learner-reference.png")
+
     log = server.log_path.read_text(errors="replace")
     assert not re.search(r"^\[C ", log, re.MULTILINE), f"the server logged a critical error:\n{log[-3000:]}"
     assert " 404 " not in log or ".ipynb" not in "".join(l for l in log.splitlines() if " 404 " in l), (
@@ -507,7 +525,7 @@ def test_learner_path_in_jupyterlab(chromium, server_factory, tmp_path):
                f"00 ran in {shown['seconds']:.1f} s, the exercise in {ran['seconds']:.1f} s; "
                f"autosave interval {interval} s; retries: {shown['retries'] + ran['retries'] or 'none'}")
     (ARTIFACTS / "jupyterlab-learner.txt").write_text(summary + "\n")
-    print(summary, f"screenshots: {first}, {shot}")
+    print(summary, f"screenshots: {first}, {shot}, {shot_refs}")
 
 
 def test_instructor_mode_formgrader_lists_and_links(chromium, server_factory, tmp_path):

@@ -7,6 +7,7 @@ and `release`. The browser tests (tests/learner/test_browser.py) run the same co
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -30,9 +31,13 @@ def git(cwd: Path, *args: str) -> str:
 
 
 def course_copy(dest: Path) -> Path:
-    """The notebooks of the repository (course/, solutions/, exercises/) and its .gitignore."""
+    """The notebooks of the repository (course/, solutions/, exercises/), the references
+    learner mode copies (lab.REFERENCES) and its .gitignore."""
     for sub in ("course", "solutions", "exercises"):
         shutil.copytree(ROOT / sub, dest / sub, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for ref in lab.REFERENCES:
+        (dest / ref).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / ref, dest / ref)
     shutil.copy2(ROOT / ".gitignore", dest / ".gitignore")
     return dest
 
@@ -64,13 +69,22 @@ def test_first_start_copies_lessons_and_exercises_with_working_links(tmp_path):
     root = course_copy(tmp_path / "repo")
     report = lab.sync(root)
     pairs = lab.copies(root)
-    assert len(pairs) == len(layout.lessons(root)) + len(layout.assignments(root)) >= 9
+    assert len(pairs) == len(layout.lessons(root)) + len(layout.assignments(root)) + len(lab.REFERENCES)
     assert sorted(report.added) == sorted(d.relative_to(root).as_posix() for _, d in pairs)
     assert not report.updated and not report.newer
     work = lab.work_dir(root)
     names = [dest.name for _, dest in pairs]
     assert len(set(names)) == len(names), f"two copies share a name (two tabs with one title): {names}"
     for source, dest in pairs:
+        if source.suffix == ".md":  # a reference: every relative link reaches a copy in work/
+            text = dest.read_text(encoding="utf-8")
+            links = [m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+)\)", text)
+                     if not re.match(r"^[a-z][a-z0-9+.-]*:|#", m)]
+            assert links or source.name == "MYTHS.md", f"{dest}: no relative link left to check"
+            broken = [link for link in links if not (dest.parent / link).is_file()
+                      or not (dest.parent / link).resolve().is_relative_to(work.resolve())]
+            assert not broken, f"{dest.relative_to(root)} links to files work/ does not hold: {broken}"
+            continue
         if source.parent.name == "course":
             assert dest == work / "course" / source.name
         else:  # an exercise's copy is the release itself, byte for byte, under its own name
@@ -218,3 +232,24 @@ def test_new_chapter_and_release_write_valid_notebooks(tmp_path):
             nbformat.validate(raw)
         except nbformat.ValidationError as exc:
             pytest.fail(f"{path.relative_to(repo)} is not a valid notebook: {exc.message}")
+
+
+def test_check_takes_the_chapter_and_finds_the_learners_copy(tmp_path):
+    """`make.py check 01` (what README and lesson 00 say): the chapter's number
+    or name grades the learner's copy in work/ (work/zh/ with --lang zh), or the course's own
+    exercise when `make.py lab` made none; anything else is a path."""
+    root = course_copy(tmp_path / "repo")
+    zh_release = root / lab.ZH / "exercises" / CHAPTER / f"{CHAPTER}.ipynb"
+    zh_release.parent.mkdir(parents=True)
+    shutil.copy2(layout.release_notebook(CHAPTER, root), zh_release)
+    assert selfcheck.chapter_named("01", root) == selfcheck.chapter_named("1", root) == CHAPTER
+    assert selfcheck.chapter_named(CHAPTER, root) == CHAPTER
+    assert selfcheck.chapter_named("99", root) is None
+    assert selfcheck.chapter_named("exercises/x.ipynb", root) is None
+    release = Path("exercises") / CHAPTER / f"{CHAPTER}.ipynb"
+    assert selfcheck.chapter_notebook(CHAPTER, "en", root) == release
+    assert selfcheck.chapter_notebook(CHAPTER, "zh", root) == Path(lab.ZH) / release
+    lab.sync(root, lab.ZH)
+    mine = Path(lab.WORK_DIR) / "exercises" / CHAPTER / f"{CHAPTER}{lab.EXERCISE_SUFFIX}.ipynb"
+    assert selfcheck.chapter_notebook(CHAPTER, "en", root) == mine
+    assert selfcheck.chapter_notebook(CHAPTER, "zh", root) == Path(lab.WORK_DIR) / lab.ZH / mine.relative_to(lab.WORK_DIR)
