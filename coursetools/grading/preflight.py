@@ -61,7 +61,7 @@ def _message(what: str, config: sandbox.SandboxConfig, detail: str) -> str:
         if sandbox_said and not problems and sandbox_said.strip() not in detail:
             lines.append(f"  the sandbox said: {sandbox_said[-1500:]}")
         if not problems:
-            lines.append("  fix: see README, 'When grading stops before the first submission'")
+            lines.append("  fix: see docs/GRADING_SECURITY.md, 'When grading stops before the first submission'")
     if detail:
         lines.append("  the kernel said: " + detail[-2000:].replace("\n", "\n    "))
     return "\n".join(lines)

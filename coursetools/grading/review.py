@@ -1,7 +1,7 @@
 """Static review of a submission: flag, for a human, code that no honest answer needs.
 
 Tamper checks inside the kernel can be read and steered by code in the same process
-(README, "Forged scores and leaked tests"). Every way found to do so needs code that an
+(docs/GRADING_SECURITY.md, "Forged scores and leaked tests"). Every way found to do so needs code that an
 answer to a device exercise never contains, and that code sits in the submission for
 anyone to read. This module reads it: Python's `ast` over every student cell (answer cells,
 and any cell that is not one of the course's locked cells: added or changed ones), without

@@ -515,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="grade on a Dask distributed cluster (e.g. tcp://head:8786; 'local' starts "
                              "a Dask LocalCluster of --jobs workers here). Workers need this course's "
-                             "checkout and environment; see README, 'Grading on many machines'")
+                             "checkout and environment; see docs/INSTRUCTORS.md, 'Grading a big class'")
     parser.add_argument("--force", action="store_true",
                         help="grade every submission again, also those graded before from the same "
                              "submitted files and the same source")

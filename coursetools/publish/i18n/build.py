@@ -31,7 +31,8 @@ from coursetools.publish.i18n import catalog, markdown, pycode
 
 LOCALE_DIR = Path("locale") / catalog.LANGUAGE
 ZH_DIR = "zh"
-DOCUMENTS = ("README.md", "CHEATSHEET.md", "docs/MYTHS.md")
+DOCUMENTS = ("README.md", "CHEATSHEET.md", "docs/MYTHS.md", "docs/LEARNERS.md", "docs/INSTRUCTORS.md",
+             "docs/GRADING_SECURITY.md", "docs/MAINTAINERS.md")
 README_ZH = "README.zh-CN.md"
 PENDING = "*（翻译待更新 / translation pending）*"
 RECORD_TAG = "gpu-record"  # coursetools/author/gpu_records.py: recorded output, shown as recorded
