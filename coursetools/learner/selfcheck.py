@@ -1,6 +1,7 @@
 """Grade one exercise notebook a learner edited, the way the instructor's autograder would.
 
-    python3 make.py check 01                 chapter 01: your copy in work/ (from `make.py lab`)
+    python3 make.py check 01                 chapter 01: your copy in work/ (from `make.py lab`;
+                                             of the English and the Chinese one, the one saved last)
     python3 make.py check 01 --lang zh       your copy of the Chinese edition's, in work/zh/
     python3 make.py check PATH.ipynb         any exercise notebook (the course's path: your copy)
 
@@ -262,17 +263,18 @@ def chapter_named(arg: str, root: Path = layout.ROOT) -> str | None:
     return None
 
 
-def chapter_notebook(name: str, lang: str = "en", root: Path = layout.ROOT) -> Path:
-    """What `make.py check NAME` grades: the learner's copy of the chapter's exercise in work/
-    (work/zh/ with lang="zh"), or the course's own release when `make.py lab` made none."""
+def chapter_notebook(name: str, lang: str | None = None, root: Path = layout.ROOT) -> Path:
+    """What `make.py check NAME` grades: the learner's copy of the chapter's exercise in work/,
+    the English one (lang="en") or the Chinese edition's in work/zh/ (lang="zh"); with no
+    lang, whichever of the two was saved last. The course's own release when `make.py lab`
+    made no copy."""
     release = layout.release_notebook(name, root)
-    course = root / lab.ZH / release.relative_to(root) if lang == "zh" else release
-    if not course.exists():
-        course = release
-    mine = lab.learner_copy(course, root)
-    if mine is None:
-        return course.relative_to(root) if course.is_relative_to(root) else course
-    return mine.relative_to(root) if mine.is_relative_to(root) else mine
+    chinese = root / lab.ZH / release.relative_to(root)
+    courses = {"en": release, "zh": chinese if chinese.exists() else release}
+    wanted = [lang] if lang else ["en", "zh"]
+    mine = [c for c in (lab.learner_copy(courses[w], root) for w in wanted) if c is not None]
+    found = max(mine, key=lambda c: c.stat().st_mtime) if mine else courses[lang or "en"]
+    return found.relative_to(root) if found.is_relative_to(root) else found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,12 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explain", action="store_true",
                         help="also say how to fix each failing test (by default: what was observed, and the rule)")
     parser.add_argument("--lang", choices=("en", "zh"), default=None,
-                        help="the report's language (default: Chinese for a notebook of the Chinese edition)")
+                        help="the report's language (default: Chinese for a notebook of the Chinese "
+                             "edition); with a chapter, also which of your copies to check")
     args = parser.parse_args(argv)
     given = str(args.notebook)
     chapter = None if args.notebook.exists() else chapter_named(str(args.notebook))
     if chapter is not None:
-        args.notebook = chapter_notebook(chapter, args.lang or "en")
+        args.notebook = chapter_notebook(chapter, args.lang)
     set_language(args.lang or notebook_language(args.notebook))
     notebook = args.notebook
     # make.py lab (learner mode) works on copies in work/

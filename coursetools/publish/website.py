@@ -541,7 +541,7 @@ answer cells to fill in, each followed by its visible tests. Open it in Colab (t
 Colab* badge, or the rocket button at the top of the page), run the cells from the top, then
 run each test cell after your answer: a test cell that runs without an error means your answer
 passes its visible tests. The hidden tests, which decide the grade, run only on your own copy
-of the course (`python3 make.py check {path}`) or in your instructor's grader. The locked setup
+of the course (`python3 make.py check {chapter}` in its folder) or in your instructor's grader. The locked setup
 and helper cells are collapsed below: click one to show its code.
 :::"""
 # Question 1's heading: the first level-2 heading ("## Question 1 · ...", "## 1. ...").
@@ -625,7 +625,7 @@ def stage(root: Path, dest: Path) -> Staged:
                 cell.source = local_badge(rewrite_links(cell.source, rel, rel, set(pages), root), rel)
         resources += extract_attachments(nb, rel, dest)
         collapse_locked_setup(nb)
-        note = nbformat.v4.new_markdown_cell(EXERCISE_NOTE.format(path=rel))
+        note = nbformat.v4.new_markdown_cell(EXERCISE_NOTE.format(chapter=name.split("_", 1)[0]))
         note.pop("id", None)
         nb.cells.insert(1, note)
         _write(dest / rel, _notebook_text(nb))

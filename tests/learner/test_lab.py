@@ -7,6 +7,7 @@ and `release`. The browser tests (tests/learner/test_browser.py) run the same co
 from __future__ import annotations
 
 import json
+import time
 import re
 import os
 import shutil
@@ -247,9 +248,14 @@ def test_check_takes_the_chapter_and_finds_the_learners_copy(tmp_path):
     assert selfcheck.chapter_named("99", root) is None
     assert selfcheck.chapter_named("exercises/x.ipynb", root) is None
     release = Path("exercises") / CHAPTER / f"{CHAPTER}.ipynb"
-    assert selfcheck.chapter_notebook(CHAPTER, "en", root) == release
+    assert selfcheck.chapter_notebook(CHAPTER, None, root) == selfcheck.chapter_notebook(CHAPTER, "en", root) == release
     assert selfcheck.chapter_notebook(CHAPTER, "zh", root) == Path(lab.ZH) / release
     lab.sync(root, lab.ZH)
     mine = Path(lab.WORK_DIR) / "exercises" / CHAPTER / f"{CHAPTER}{lab.EXERCISE_SUFFIX}.ipynb"
+    mine_zh = Path(lab.WORK_DIR) / lab.ZH / mine.relative_to(lab.WORK_DIR)
     assert selfcheck.chapter_notebook(CHAPTER, "en", root) == mine
-    assert selfcheck.chapter_notebook(CHAPTER, "zh", root) == Path(lab.WORK_DIR) / lab.ZH / mine.relative_to(lab.WORK_DIR)
+    assert selfcheck.chapter_notebook(CHAPTER, "zh", root) == mine_zh
+    start = time.time()
+    for k, saved_last in enumerate((mine, mine_zh, mine)):  # no --lang: the copy saved last
+        os.utime(root / saved_last, (start + k + 1,) * 2)
+        assert selfcheck.chapter_notebook(CHAPTER, None, root) == saved_last

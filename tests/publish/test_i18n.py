@@ -193,7 +193,7 @@ def test_chinese_notebooks_link_to_each_other(fresh):
     assert "02_to_semantics.ipynb" in links
     assert lesson.cells[0].source.count("# 01 · 设备基础") == 1
     exercise = fresh.outputs["zh/exercises/01_device_basics/01_device_basics.ipynb"]
-    assert "make.py check zh/exercises/01_device_basics/01_device_basics.ipynb" in exercise, (
+    assert "make.py check 01 --lang zh" in exercise, (
         "the Chinese exercise must tell its learner to check the Chinese notebook")
 
 
@@ -349,12 +349,16 @@ def test_links_follow_the_edition():
                         prefixes=("https://colab.research.google.com/github/o/r/blob/main/",))
     text = ("[a](a.ipynb) [b](b.ipynb) [m](../docs/M.md#the-end) [g](https://x.org/a) "
             "[c](https://colab.research.google.com/github/o/r/blob/main/course/a.ipynb) "
-            "`make.py check exercises/n/n.ipynb`")
+            "`make.py check exercises/n/n.ipynb` `make.py check 01` `make.py check 02 --lang zh`")
     out = links.rewrite(text, "course/a.ipynb", "zh/course/a.ipynb")
     assert "[a](a.ipynb)" in out, "a Chinese notebook links to the Chinese notebook"
     assert "[b](../../course/b.ipynb)" in out, "and to the English one the edition lacks"
     assert "[m](../docs/M.md#结尾)" in out and "[g](https://x.org/a)" in out
     assert "blob/main/zh/course/a.ipynb)" in out
+    assert "`make.py check 01 --lang zh` `make.py check 02 --lang zh`" in out, (
+        "in the Chinese edition, a chapter's check grades the Chinese copy (and says --lang once)")
+    assert "`make.py check 01`" in links.rewrite("`make.py check 01`", "README.md", "README.zh-CN.md"), (
+        "a document explains the check (the copy saved last), as the English does")
 
 
 def test_language_of_a_notebook_and_the_tools_words(fresh, tmp_path):

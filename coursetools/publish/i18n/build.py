@@ -213,6 +213,7 @@ def translate_code(source: str, lookup: catalog.Lookup, stats: Stats) -> str:
 _MD_LINK = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))")
 _HTML_LINK = re.compile(r"((?:href|src)=\")([^\"]+)(\")")
 _CHECK = re.compile(r"(make\.py check\s+)(exercises/[\w.-]+/[\w.-]+\.ipynb)")
+_CHECK_CHAPTER = re.compile(r"(make\.py check\s+\d\d)(?![\w./-])(?!\s+--lang)")
 
 
 def github_slug(heading: str) -> str:
@@ -257,7 +258,10 @@ class Links:
         text = _HTML_LINK.sub(lambda m: m.group(1) + target(m.group(2)) + m.group(3), text)
         # `make.py check PATH` names the notebook to grade (and, through it, the learner's
         # copy): in the Chinese edition, the Chinese exercise.
-        return _CHECK.sub(lambda m: m.group(1) + self.targets.get(m.group(2), m.group(2)), text)
+        # `make.py check NN` grades the learner's copy of chapter NN saved last: a Chinese
+        # notebook names the Chinese copy (--lang zh). The documents explain both.
+        text = _CHECK.sub(lambda m: m.group(1) + self.targets.get(m.group(2), m.group(2)), text)
+        return _CHECK_CHAPTER.sub(r"\1 --lang zh", text) if dst_path.endswith(".ipynb") else text
 
 
 def links_for(root: Path = layout.ROOT) -> Links:
