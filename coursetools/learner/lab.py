@@ -174,6 +174,7 @@ class SyncReport:
         if len(self.added) > 3:
             out.append(tr("Copied {n} notebooks into {work}/: lessons in {work}/course/, "
                           "exercises in {work}/exercises/.").format(n=len(self.added), work=WORK_DIR))
+            out.append(tr("Grade an exercise with the hidden tests: `python3 make.py check 01` (01: its chapter)."))
         elif self.added:
             out.append(tr("New in the course, copied in: ") + ", ".join(self.added))
         if self.updated:
