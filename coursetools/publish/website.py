@@ -9,7 +9,7 @@ says why). A build has three steps:
 1. **Stage** (`stage`): a folder laid out like the repository, holding only what the site
    shows: every lesson (`coursetools.layout.lessons`), every released exercise
    (`exercises/`, never `solutions/`), CHEATSHEET.md (its proof links pointing at the
-   section that proves each rule), docs/MYTHS.md, README's "For instructors" section, and a
+   section that proves each rule), docs/MYTHS.md, the guides under docs/, and a
    generated home page (the course map, each chapter's prerequisites and time read from its
    header) whose toctrees make the sidebar follow the course map. Links to repository files
    that are not pages become GitHub links. `site-manifest.json` lists every staged page and
@@ -310,15 +310,6 @@ def _notebook_text(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def readme_section(readme: str, heading: str) -> str:
-    """README's level-2 section `heading` (up to the next level-2 heading), one level up."""
-    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", readme, re.MULTILINE | re.DOTALL)
-    if not match:
-        raise SiteError(f"README.md has no '## {heading}' section, which the site's page is made from")
-    body = re.sub(r"^#(#+ )", r"\1", match.group(1), flags=re.MULTILINE)
-    return f"# {heading}\n{body}"
-
-
 def readme_intro(readme: str) -> str:
     """README's text between its title and its first section."""
     return re.split(r"^## ", readme.split("\n", 1)[1], maxsplit=1, flags=re.MULTILINE)[0].strip()
@@ -506,7 +497,7 @@ def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
         (f"Cheat sheet <{cheatsheet.SHEET.removesuffix('.md')}>", cheatsheet.SHEET),
         ("The posts' myths, checked <docs/MYTHS>", "docs/MYTHS.md"),
         *((f"{title} <{rel.removesuffix('.md')}>", rel) for rel, title in GUIDES),
-        ("For instructors <instructors>", "instructors.md"), ("About these outputs <about>", "about.md")]
+        ("About these outputs <about>", "about.md")]
         if page in pages]
     toctrees.append(":::{toctree}\n:hidden:\n:caption: Reference\n\n" + "\n".join(reference) + "\n:::")
     return "\n".join([
@@ -525,7 +516,7 @@ def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
           if "docs/MYTHS.md" in pages else []),
         *(["Guides: " + ", ".join(f"[{title.lower() if title.startswith('The') else title}]({rel})"
                                   for rel, title in GUIDES if rel in pages) + "."]
-          if "docs/INSTRUCTORS.md" in pages else ["Running a class: [for instructors](instructors.md)."]),
+          if any(rel in pages for rel, _ in GUIDES) else []),
         "", *toctrees, "",
     ])
 
@@ -588,8 +579,6 @@ def stage(root: Path, dest: Path) -> Staged:
     guides = [rel for rel, _ in GUIDES if (root / rel).exists()]
     for rel in guides:
         pages[rel] = rel
-    if "docs/INSTRUCTORS.md" not in pages:  # (a repository whose README still holds the guide)
-        pages["instructors.md"] = "README.md"
 
     chapters: dict[str, Chapter] = {}
     for lesson, rel in zip(lessons, lesson_rel):
@@ -637,11 +626,6 @@ def stage(root: Path, dest: Path) -> Staged:
     for rel in guides:
         text = (root / rel).read_text(encoding="utf-8")
         _write(dest / rel, rewrite_links(text, rel, rel, set(pages), root))
-    if "instructors.md" in pages:
-        readme = (root / "README.md").read_text(encoding="utf-8")
-        guide = readme_section(readme, "For instructors")
-        _write(dest / "instructors.md", rewrite_links(guide, "README.md", "instructors.md", set(pages), root,
-                                                      anchor_page="README.md", local_anchors=heading_slugs(guide)))
     pages["index.md"] = ""
     pages["about.md"] = ""
     _write(dest / "index.md", home_page(root, chapters, set(pages)))

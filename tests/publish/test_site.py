@@ -407,7 +407,9 @@ def tiny_site(tmp_path_factory):
     notebooks.write(recorded, repo / "course" / "00_tiny.ipynb")
     (repo / "course" / "00_tiny_2.ipynb").write_text(json.dumps(PART_2))
     (repo / "solutions").mkdir()
-    (repo / "README.md").write_text("# Tiny\n\nA fixture course.\n\n## For instructors\n\nNothing.\n")
+    (repo / "README.md").write_text("# Tiny\n\nA fixture course.\n\n## Two commands\n\nNone.\n")
+    (repo / "docs").mkdir()
+    (repo / "docs" / "INSTRUCTORS.md").write_text("# Instructors' guide\n\nNothing to grade.\n")
     build_site(scratch / "build", root=repo, cache=scratch / "cache")
     return {"html": scratch / "build" / "html", "src": scratch / "build" / "src", "recorded": recorded,
             "device": device}
