@@ -7,7 +7,9 @@ before Sphinx starts (coursetools/publish/website.py, into a jupyter-cache), so 
 only reads their outputs; released exercises are shown as released, never executed.
 """
 
+import json
 import os
+import posixpath
 import sys
 from pathlib import Path
 
@@ -17,8 +19,19 @@ sys.path.insert(0, str(ROOT))
 from coursetools import layout# noqa: E402
 
 _cfg = layout.config()
+# The edition being built (coursetools/publish/website.py, sphinx_context): English, or the
+# Chinese one under zh/; its language, title, "Last verified" line and language switch.
+EDITION = json.loads(os.environ.get("COURSE_SITE_EDITION") or "{}")
+try:  # the Chinese search splits words with jieba, which logs its dictionary loading at DEBUG
+    import logging
 
-project = _cfg.title
+    import jieba
+    jieba.setLogLevel(logging.WARNING)
+except ImportError:
+    pass
+
+project = EDITION.get("title") or _cfg.title
+language = EDITION.get("language", "en")
 author = "the course's authors"
 copyright = "the course's authors"
 extensions = ["myst_nb"]
@@ -34,7 +47,7 @@ myst_enable_extensions = ["colon_fence"]
 
 # Notebooks: outputs come from the cache that coursetools/publish/website.py filled (it refuses to
 # build when a lesson failed); exercises are never executed.
-nb_execution_mode = "cache"
+nb_execution_mode = EDITION.get("execution", "cache")  # "off": the Chinese edition carries the English run's outputs
 nb_execution_cache_path = os.environ["COURSE_SITE_CACHE"]
 nb_execution_excludepatterns = ["exercises/*/*"]
 nb_execution_raise_on_error = True
@@ -43,7 +56,7 @@ nb_output_stderr = "warn"          # a lesson that writes to stderr fails the bu
 nb_merge_streams = True
 
 html_theme = "sphinx_book_theme"
-html_title = _cfg.title
+html_title = EDITION.get("title") or _cfg.title
 html_static_path = ["_static"]
 templates_path = ["_templates"]
 html_favicon = "_static/favicon.svg"
@@ -52,7 +65,9 @@ html_favicon = "_static/favicon.svg"
 # header's search button on a phone).
 html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
 # "Last verified" on every page, above the footer (website.py: the runs' PyTorch and date).
-html_context = {"course_last_verified": os.environ.get("COURSE_SITE_VERIFIED", "")}
+html_context = {"course_last_verified": EDITION.get("verified", ""),
+                "course_verified_label": EDITION.get("verified_label", "Last verified: "),
+                "course_about_label": EDITION.get("about_label", "about these outputs")}
 html_css_files = ["course.css"]
 html_js_files = ["course-toggles.js"]  # the menu buttons work (see the file)
 html_last_updated_fmt = None
@@ -66,6 +81,39 @@ html_theme_options = {
     "use_download_button": True,
     "launch_buttons": {"colab_url": "https://colab.research.google.com"},
     "show_toc_level": 2,
-    "home_page_in_toc": True,
+    "home_page_in_toc": False,        # the site title above the sidebar links home (no entry repeating it)
     "footer_content_items": ["last-verified.html", "copyright.html"],
+    # The language switch, next to the article header's buttons (shown at every width).
+    "article_header_end": ["language-switch.html", "article-header-buttons.html"],
 }
+
+
+def _language_switch(app, pagename, templatename, context, doctree):
+    """The other edition's version of this page (its home page where it has none)."""
+    switch = EDITION.get("switch")
+    if not switch:
+        return
+    target = pagename if pagename in switch["pages"] else "index"
+    up = "../" * pagename.count("/")
+    context["course_language_switch"] = {
+        "href": posixpath.normpath(up + switch["base"] + target) + ".html",
+        "label": switch["label"], "hreflang": switch["hreflang"], "same_page": target == pagename}
+
+
+def _chinese_search_stemmer(app):
+    """Sphinx 9.0's Chinese search stems its Latin words with the English stemmer, but its
+    language_data.js then asks for a `ChineseStemmer` that does not exist: the search page
+    stops with "ChineseStemmer is not defined" and finds nothing. The same language, naming
+    the stemmer it ships, repairs it (and does nothing where Sphinx has it right)."""
+    from sphinx.search.zh import SearchChinese
+
+    if SearchChinese.js_stemmer_rawcode == "english-stemmer.js" and SearchChinese.language_name != "English":
+        class SearchChineseEnglishStemmer(SearchChinese):
+            language_name = "English"   # what the JS names its stemmer: EnglishStemmer
+
+        app.add_search_language(SearchChineseEnglishStemmer)
+
+
+def setup(app):
+    app.connect("html-page-context", _language_switch)
+    _chinese_search_stemmer(app)

@@ -24,6 +24,13 @@ says why). A build has three steps:
    download buttons; a warning fails the build. The download buttons then serve the
    repository's own notebooks (without outputs), as Colab opens them.
 
+The Chinese edition (zh/, `make.py i18n build`) is a second site under zh/, staged the same
+way from the zh/ files (`Edition`, `ZH`), with a language switch on every page of both that
+opens the same page in the other language (website/conf.py). Its lessons are not run again:
+each code cell gets the outputs of the same cell of the English run, after a check that the
+two are the same code apart from comments and docstrings (`english_outputs`); myst-nb then
+renders those outputs without executing anything.
+
 Nothing is downloaded while building: the build refuses any network connection that does
 not stay on this machine.
 """
@@ -33,6 +40,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import copy
 import dataclasses
 import datetime
 import functools
@@ -66,8 +74,6 @@ CELL_TIMEOUT_S = 180                          # per cell, as nbval's in pytest.i
 COLAB_BADGE_URL = "https://colab.research.google.com/assets/colab-badge.svg"
 LOCAL_BADGE = "_static/colab-badge.svg"
 SETUP_REPORT = re.compile(r"PyTorch (\S+) \| device: (\S+)(?: \((.+)\))?")
-HEADER_FACTS = re.compile(r"\*\*Prerequisites:\*\*\s*(?P<prereq>.*?)\s*\*\*Time:\*\*\s*(?P<time>[^\n]*?)\.?\s*$",
-                          re.MULTILINE)
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:|^//")
 # A markdown link or image: [text](target "title"), the target group rewritten.
 MD_LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\()(<[^>\n]*>|[^)\s]+)((?:\s+\"[^\"\n]*\")?\))")
@@ -76,6 +82,111 @@ HTML_LINK = re.compile(r"""((?:href|src)=")([^"]+)(")""")
 
 class SiteError(Exception):
     """The site cannot be built; the message says why and what to fix."""
+
+
+# --------------------------------------------------------------------------------------
+# Editions: the English site, and the Chinese one under zh/
+# --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Edition:
+    """One language of the site: where its notebooks and documents are in the repository,
+    where its pages go on the site, and the words of the pages the build writes itself (the
+    home page, the sidebar, the exercise note, "About these outputs")."""
+
+    lang: str              # "en", "zh"
+    repo_dir: str          # its files' folder in the repository: "" or "zh" (zh/ mirrors the repository)
+    readme: str            # the README its home page's introduction comes from
+    site_dir: str          # its pages' folder on the site: "" or "zh"
+    sphinx_language: str   # Sphinx's `language` (the theme's words, the search's word splitting)
+    hreflang: str          # the switch's hreflang and lang
+    name: str              # the switch's label, in the edition's own language
+    words: dict            # see EN_WORDS
+
+    def repo(self, rel: str) -> str:
+        """The repository path of this edition's file `rel` ("docs/MYTHS.md" -> "zh/docs/MYTHS.md")."""
+        return posixpath.join(self.repo_dir, rel) if self.repo_dir else rel
+
+    def w(self, key: str, **values) -> str:
+        return self.words[key].format(**values) if values else self.words[key]
+
+
+EN_WORDS = {
+    "facts": re.compile(r"\*\*Prerequisites:\*\*\s*(?P<prereq>.*?)\s*\*\*Time:\*\*\s*(?P<time>[^\n]*?)\.?\s*$",
+                        re.MULTILINE),
+    "facts_missing": "'**Prerequisites:** ... **Time:** ...'",
+    "time_end": re.compile(r":"),                       # the course map shows a time up to here
+    "part": re.compile(r"^(.*?),\s*part\s+\d+\b", re.IGNORECASE),
+    "part_number": re.compile(r"\bpart\s+(\d+)\b", re.IGNORECASE),
+    "exercise_title_end": re.compile(r":\s*exercises$"),
+    "title_sep": ":",
+    "lesson": "Lesson", "lesson_part": "Lesson, part {n}", "nav_part": ", part {n}",
+    "exercise_nav": "{number} Exercise: {title}",
+    "map_heading": "Course map",
+    "map_intro": "Each chapter: a **lesson** to read (shown here with the outputs of a real run: see "
+                 "[About these outputs](about.md)) and an **exercise** graded by tests (shown as released: "
+                 "fill it in on Colab or on your machine). Every lesson and exercise page has *Open in Colab* "
+                 "(the rocket button, top right) and a download button for its notebook.",
+    "map_header": "| # | Lesson | Exercise | Prerequisites | Time |",
+    "map_exercise": "[exercise]({path}) ({points} points)",
+    "map_time_lesson": "lesson {time}", "map_time_part": "part {n} {time}", "map_time_exercise": "exercise {time}",
+    "map_time_sep": "; ",
+    "cheatsheet_line": "The course on one page: the [cheat sheet]({path}).",
+    "myths_line": "Where the course comes from: [the posts' myths, checked]({path}).",
+    "guides_line": "Guides: {links}.", "list_sep": ", ",
+    "reference": "Reference", "cheatsheet": "Cheat sheet", "myths": "The posts' myths, checked",
+    "about": "About these outputs",
+    "guides": {"docs/LEARNERS.md": "Learners' guide", "docs/INSTRUCTORS.md": "Instructors' guide",
+               "docs/GRADING_SECURITY.md": "The grading security model",
+               "docs/MAINTAINERS.md": "Maintainers' guide"},
+    "guide_in_line": lambda title: title[:1].lower() + title[1:] if title.startswith("The") else title,
+    "other_edition": '**中文版：** <a href="zh/index.html" hreflang="zh-CN" lang="zh-CN">整门课程的简体中文版</a>。',
+    "cheat_cell": ", cell ",
+    "verified": "Last verified: ", "about_link": "about these outputs",
+    "check": "python3 make.py check {chapter}",
+}
+
+ZH_WORDS = {
+    **EN_WORDS,
+    "facts": re.compile(r"\*\*前置知识：\*\*\s*(?P<prereq>.*?)\s*\*\*用时：\*\*\s*(?P<time>[^\n]*?)[.。]?\s*$",
+                        re.MULTILINE),
+    "facts_missing": "'**前置知识：** ... **用时：** ...'",
+    "time_end": re.compile(r"[：（(]"),
+    "part": re.compile(r"^(.*?)，\s*第\s*\d+\s*部分"),
+    "part_number": re.compile(r"第\s*(\d+)\s*部分"),
+    "exercise_title_end": re.compile(r"：\s*练习$"),
+    "title_sep": "：",
+    "lesson": "课", "lesson_part": "课，第 {n} 部分", "nav_part": "，第 {n} 部分",
+    "exercise_nav": "{number} 练习：{title}",
+    "map_heading": "课程地图",
+    "map_intro": "每一章：一节要阅读的**课**（这里展示的是真实运行的输出，见[关于这些输出](about.md)），以及一个由测试评分的"
+                 "**练习**（按发布时的样子展示：在 Colab 或你自己的机器上作答）。每个课和练习页面都有 *Open in Colab*"
+                 "（右上角的火箭按钮）和下载笔记本的按钮。",
+    "map_header": "| # | 课 | 练习 | 前置知识 | 用时 |",
+    "map_exercise": "[练习]({path})（{points} 分）",
+    "map_time_lesson": "课 {time}", "map_time_part": "第 {n} 部分 {time}", "map_time_exercise": "练习 {time}",
+    "map_time_sep": "；",
+    "cheatsheet_line": "一页纸上的整门课程：[速查表]({path})。",
+    "myths_line": "课程从哪里来：[两篇帖子中的误区，逐条核实]({path})。",
+    "guides_line": "指南：{links}。", "list_sep": "、",
+    "reference": "参考", "cheatsheet": "速查表", "myths": "帖子中的误区，逐条核实",
+    "about": "关于这些输出",
+    "guides": {"docs/LEARNERS.md": "学习者指南", "docs/INSTRUCTORS.md": "教师指南",
+               "docs/GRADING_SECURITY.md": "评分安全模型", "docs/MAINTAINERS.md": "维护者指南"},
+    "guide_in_line": lambda title: title,
+    "other_edition": '**English:** <a href="../index.html" hreflang="en" lang="en">the course in English</a>.',
+    "cheat_cell": "，单元格 ",
+    "verified": "最近验证：", "about_link": "关于这些输出",
+    "check": "python3 make.py check {chapter} --lang zh",
+}
+
+EN = Edition("en", "", "README.md", "", "en", "en", "English", EN_WORDS)
+ZH = Edition("zh", "zh", "README.zh-CN.md", "zh", "zh_CN", "zh-CN", "中文", ZH_WORDS)
+
+
+def editions(root: Path) -> list[Edition]:
+    """The site's editions: English, and Chinese where the repository has its lessons (zh/course/)."""
+    return [EN, *([ZH] if layout.lessons(root / ZH.repo_dir) else [])]
 
 
 # --------------------------------------------------------------------------------------
@@ -129,12 +240,13 @@ def _outside_fences(text: str) -> str:
     return "".join("" if i % 2 else part for i, part in enumerate(parts))
 
 
-def rewrite_links(text: str, origin: str, dest: str, pages: set[str], root: Path,
+def rewrite_links(text: str, origin: str, dest: str, pages, root: Path,
                   anchor_page: str | None = None, local_anchors: set[str] | None = None) -> str:
     """Markdown `text` from repository file `origin`, moved to staged path `dest`: every
-    relative link keeps pointing at what it meant. A link to a staged page (`pages`, paths in
-    the repository) stays a relative link, rebased to `dest`; a link to any other repository
-    file becomes its GitHub address. A `#anchor` alone stays when `local_anchors` is None or
+    relative link keeps pointing at what it meant. A link to a staged page (`pages`: the
+    repository paths of the staged pages, or a mapping from them to their staged paths, as a
+    Chinese page's zh/course/... is staged at course/...) stays a relative link, rebased to
+    `dest`; a link to any other repository file becomes its GitHub address. A `#anchor` alone stays when `local_anchors` is None or
     holds it, otherwise it points into `anchor_page` on GitHub (README's sections that are not
     part of the page). Fenced code is left as it is."""
     origin_dir = posixpath.dirname(origin)
@@ -154,7 +266,8 @@ def rewrite_links(text: str, origin: str, dest: str, pages: set[str], root: Path
             return raw  # outside the repository: the link check will say so
         suffix = f"#{fragment}" if fragment else ""
         if resolved in pages:
-            return posixpath.relpath(resolved, dest_dir or ".") + suffix
+            staged = pages[resolved] if isinstance(pages, dict) else resolved
+            return posixpath.relpath(staged, dest_dir or ".") + suffix
         return github_url(resolved, root) + suffix
 
     def fix(chunk: str) -> str:
@@ -194,39 +307,43 @@ class Chapter:
     exercise: str | None = None    # "exercises/05_mixed_precision/05_mixed_precision.ipynb"
     exercise_time: str | None = None
     points: float | None = None
+    edition: Edition = EN
 
     @property
     def title(self) -> str:
-        """The first lesson's title, without its ", part N: ..." tail."""
+        """The first lesson's title, without its ", part N: ..." tail ("，第 N 部分：..." in Chinese)."""
         first = self.lessons[0].title
-        match = re.match(r"^(.*?),\s*part\s+\d+\b", first, re.IGNORECASE)
+        match = self.edition.words["part"].match(first)
         return match.group(1) if match else first
 
     def part_title(self, index: int) -> str:
         """A part's title without the chapter's: "Part 2: the recipe in a real training loop"."""
         title = self.lessons[index].title
-        rest = title[len(self.title):].lstrip(" ,:·") if title.startswith(self.title) else title
+        rest = title[len(self.title):].lstrip(" ,:·，：") if title.startswith(self.title) else title
         return (rest[:1].upper() + rest[1:]) if rest else self.lesson_label(index)
 
     def lesson_label(self, index: int) -> str:
         if len(self.lessons) == 1:
-            return "Lesson"
-        return f"Lesson, part {self.part_number(index)}"
+            return self.edition.w("lesson")
+        return self.edition.w("lesson_part", n=self.part_number(index))
 
     def part_number(self, index: int) -> str:
-        match = re.search(r"\bpart\s+(\d+)\b", self.lessons[index].title, re.IGNORECASE)
+        match = self.edition.words["part_number"].search(self.lessons[index].title)
         return match.group(1) if match else str(index + 1)
 
     def nav_title(self, index: int) -> str:
         """A lesson's sidebar entry, saying what the page is: "01 Device basics",
         "05 Mixed precision, part 2"."""
-        part = f", part {self.part_number(index)}" if len(self.lessons) > 1 else ""
+        part = self.edition.w("nav_part", n=self.part_number(index)) if len(self.lessons) > 1 else ""
         return f"{self.number} {plain(self.title)}{part}"
 
     def exercise_nav_title(self) -> str:
         """The exercise's sidebar entry: "01 Exercise: device basics" (the chapter's title up
         to a colon: "08 Exercise: troubleshooting")."""
-        return f"{self.number} Exercise: {lower_first(plain(self.title).split(':', 1)[0].strip())}"
+        words = self.edition.words
+        title = plain(self.title).split(words["title_sep"], 1)[0].strip()
+        return self.edition.w("exercise_nav", number=self.number,
+                              title=lower_first(title) if self.edition is EN else title)
 
 
 def plain(title: str) -> str:
@@ -250,25 +367,27 @@ class Staged:
     lessons: list[str]           # staged paths of the lessons (executed)
     chapters: list[Chapter]
     unlinked_proofs: list[str] = dataclasses.field(default_factory=list)
+    edition: Edition = EN
 
 
-def header_facts(nb: nbformat.NotebookNode) -> tuple[str, str] | None:
+def header_facts(nb: nbformat.NotebookNode, edition: Edition = EN) -> tuple[str, str] | None:
     """(prerequisites, time) from a notebook's header cell, as markdown; None if absent."""
-    match = HEADER_FACTS.search(nb.cells[0].source) if nb.cells else None
-    return (match.group("prereq").rstrip(". "), match.group("time")) if match else None
+    match = edition.words["facts"].search(nb.cells[0].source) if nb.cells else None
+    return (match.group("prereq").rstrip(". 。"), match.group("time")) if match else None
 
 
-def short_time(time_text: str) -> str:
+def short_time(time_text: str, edition: Edition = EN) -> str:
     """A header's time as the course map shows it: up to its first colon ("about 45 minutes
-    to read: 2,895 words ..." -> "about 45 minutes to read"); the page has the rest."""
-    return time_text.split(":", 1)[0].strip().rstrip(".")
+    to read: 2,895 words ..." -> "about 45 minutes to read"; in Chinese, up to a colon or an
+    opening parenthesis); the page has the rest."""
+    return edition.words["time_end"].split(time_text, maxsplit=1)[0].strip().rstrip(".。")
 
 
-def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:
+def title_of(nb: nbformat.NotebookNode, fallback: str, edition: Edition = EN) -> str:
     match = re.search(r"^# (.+)$", nb.cells[0].source if nb.cells else "", re.MULTILINE)
     title = match.group(1).strip() if match else fallback
     title = re.sub(r"^\d\d\s*·\s*", "", title)
-    return re.sub(r":\s*exercises$", "", title)
+    return edition.words["exercise_title_end"].sub("", title)
 
 
 def _write(path: Path, text: str) -> None:
@@ -311,32 +430,55 @@ def _notebook_text(nb: nbformat.NotebookNode) -> str:
 
 
 def readme_intro(readme: str) -> str:
-    """README's text between its title and its first section."""
+    """README's text between its title and its first section (README.zh-CN.md opens with a
+    comment saying it is generated: it is skipped)."""
+    readme = re.sub(r"^(?:\s*<!--.*?-->)+\s*", "", readme, flags=re.DOTALL)
     return re.split(r"^## ", readme.split("\n", 1)[1], maxsplit=1, flags=re.MULTILINE)[0].strip()
 
 
-def rule_anchors(lesson: Path) -> dict[str, str]:
-    """{rule sentence: the anchor of the section it stands in} for one lesson's rule cells
-    (the heading the cheat sheet's "§N title" names: the last one before the rule)."""
-    nb = json.loads(lesson.read_text(encoding="utf-8"))
-    rules, _ = cheatsheet.read_rules(lesson)
-    found: dict[str, str] = {}
+def _headings(nb: dict) -> tuple[list[str], list[tuple[int, int | None]]]:
+    """A lesson's heading anchors, in order (every heading takes its slug, as myst-parser
+    gives them), and for each markdown cell (its index) the index of the last level-1 to 3
+    heading so far outside recorded GPU output: the section a rule cell stands in."""
     slug = Slugger()
+    anchors: list[str] = []
+    sections: list[tuple[int, int | None]] = []
     last = None
-    sentences = iter(rules)
-    for cell in nb["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
+    for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "markdown":
             continue
-        text = cheatsheet.cell_text(cell)
-        for match in HEADING.finditer(_outside_fences(text)):
-            anchor = slug(match.group(0))  # every heading takes its slug, in order
+        tags = cell.get("metadata", {}).get("tags", [])
+        for match in HEADING.finditer(_outside_fences(cheatsheet.cell_text(cell))):
+            anchors.append(slug(match.group(0)))
             if re.match(r"^#{1,3}\s", match.group(0)) and gpu_records.RECORD_TAG not in tags:
-                last = anchor
-        if cheatsheet.RULE_TAG in tags and text.startswith(cheatsheet.RULE_PREFIX):
+                last = len(anchors) - 1
+        sections.append((index, last))
+    return anchors, sections
+
+
+def rule_anchors(lesson: Path, shown: Path | None = None) -> dict[str, str]:
+    """{rule sentence: the anchor of the section it stands in} for one lesson's rule cells
+    (the heading the cheat sheet's "§N title" names: the last one before the rule). The
+    anchor is that of the same heading in `shown`, the lesson's Chinese version (same cells,
+    headings translated), when given."""
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    rules, _ = cheatsheet.read_rules(lesson)
+    anchors, sections = _headings(nb)
+    if shown is not None:
+        shown_anchors, _ = _headings(json.loads(shown.read_text(encoding="utf-8")))
+        if len(shown_anchors) != len(anchors):
+            raise SiteError(f"{shown.name}: its Chinese version has {len(shown_anchors)} headings, the English "
+                            f"lesson {len(anchors)}: run `python3 make.py i18n build`")
+        anchors = shown_anchors
+    found: dict[str, str] = {}
+    sentences = iter(rules)
+    for index, last in sections:
+        cell = nb["cells"][index]
+        text = cheatsheet.cell_text(cell)
+        if cheatsheet.RULE_TAG in cell.get("metadata", {}).get("tags", []) and text.startswith(cheatsheet.RULE_PREFIX):
             rule = next(sentences, None)
             if rule is not None and last is not None:
-                found[rule.sentence] = last
+                found[rule.sentence] = anchors[last]
     return found
 
 
@@ -373,52 +515,60 @@ def cell_link(page: str, k: int, dest: str) -> str:
     return posixpath.relpath(html_page, posixpath.dirname(dest) or ".") + "#" + CELL_ANCHOR.format(k=k)
 
 
-CHEAT_CELL = re.compile(r"(\]\(course/(?P<nb>[\w.-]+\.ipynb)(?:#[^)\s]*)?\)), cell \[(?P<k>\d+)\]")
+CHEAT_CELL = re.compile(r"(\]\(course/(?P<nb>[\w.-]+\.ipynb)(?:#[^)\s]*)?\))(?P<sep>, cell |，单元格 )\[(?P<k>\d+)\]")
 
 
 def link_cells(text: str, dest: str) -> str:
-    """The cheat sheet's "cell [k]" as links to that cell of the lesson."""
+    """The cheat sheet's "cell [k]" ("单元格 [k]" in Chinese) as links to that cell of the lesson."""
     def fix(m: re.Match) -> str:
         href = cell_link(f"course/{m.group('nb')}", int(m.group("k")), dest)
-        return f'{m.group(1)}, <a href="{href}">cell [{m.group("k")}]</a>'
+        word = m.group("sep").lstrip(", ，").rstrip()
+        return f'{m.group(1)}{m.group("sep")[:-len(word) - 1]}<a href="{href}">{word} [{m.group("k")}]</a>'
     return CHEAT_CELL.sub(fix, text)
 
 
 # Where a "proven in" names a cell: `course/NN.ipynb` §N, "# its comment line", or, later in
-# the same table cell, "# another comment line" of the lesson named last.
-MYTH_CITE = re.compile(r"`course/(?P<nb>[\w.-]+\.ipynb)` (?P<section>§[\d.]+), \"(?=#)|\"(?=#)")
+# the same table cell, "# another comment line" of the lesson named last. (The Chinese edition
+# writes "，" for the comma and may quote with “ ”.)
+MYTH_CITE = re.compile(r"`course/(?P<nb>[\w.-]+\.ipynb)` (?P<section>§[\d.]+)(?P<sep>,\s*|，\s*)(?P<q>[\"“])(?=#)"
+                       r"|(?P<q2>[\"“])(?=#)")
+CLOSING = {'"': '"', "“": "”"}
 
 
-def myths_page(root: Path, pages: set[str], unlinked: list[str] | None = None) -> str:
+def myths_page(root: Path, pages, unlinked: list[str] | None = None, edition: Edition = EN) -> str:
     """docs/MYTHS.md for the site: each "proven in" cell (a lesson, its section, and the
     proving cell's first comment line) links to that code cell. A citation whose comment line
     no code cell of the lesson has stays plain text and is added to `unlinked` (the build
-    reports them: docs/MYTHS.md is out of date there)."""
+    reports them: docs/MYTHS.md is out of date there). The Chinese edition's quotes the
+    Chinese lessons' comments, and links to them."""
     unlinked = [] if unlinked is None else unlinked
     rel = "docs/MYTHS.md"
-    text = rewrite_links((root / rel).read_text(encoding="utf-8"), rel, rel, pages, root)
+    origin = edition.repo(rel)
+    text = rewrite_links((root / origin).read_text(encoding="utf-8"), origin, rel, pages, root)
     sources: dict[str, list[str]] = {}
 
     def comment_lines(nb: str) -> list[set[str]]:
         if nb not in sources:
-            path = root / "course" / nb
+            path = root / edition.repo("course") / nb
             if not path.exists():
-                raise SiteError(f"docs/MYTHS.md cites course/{nb}, which does not exist")
+                raise SiteError(f"{origin} cites course/{nb}, which does not exist")
             sources[nb] = code_cells(path)
-        return [{line.strip() for line in source.splitlines()} for source in sources[nb]]
+        # (A quote may drop a comment's `code` marks: the Chinese lessons' comments have them.)
+        return [{line.strip() for line in source.splitlines()} | {line.strip().replace("`", "") for line in source.splitlines()}
+                for source in sources[nb]]
 
-    def quoted(nb: str, cell: str, start: int) -> tuple[int | None, str]:
+    def quoted(nb: str, cell: str, start: int, close: str) -> tuple[int | None, str]:
         """(k, comment) of the code cell whose comment line is quoted from `start` (just
         after the opening quote; the comment itself may hold quotes); k is None, and the
         citation is kept in `unlinked`, where no code cell of the lesson has that line."""
         lines = comment_lines(nb)
-        ends = [i for i, ch in enumerate(cell) if ch == '"' and i > start]
+        ends = [i for i, ch in enumerate(cell) if ch == close and i > start]
         for end in ends:
             for k, found in enumerate(lines, start=1):
                 if cell[start:end] in found:
                     return k, cell[start:end]
         comment = cell[start:ends[0]] if ends else cell[start:]
-        unlinked.append(f"course/{nb}: {comment!r}")
+        unlinked.append(f"{edition.repo('course')}/{nb}: {comment!r}")
         return None, comment
 
     def proofs(cell: str) -> str:
@@ -429,14 +579,13 @@ def myths_page(root: Path, pages: set[str], unlinked: list[str] | None = None) -
             current = m.group("nb") or current
             if current is None:
                 continue
-            k, comment = quoted(current, cell, m.end())
+            opening = m.group("q") or m.group("q2")
+            k, comment = quoted(current, cell, m.end(), CLOSING[opening])
             if k is None:
                 continue
-            label = html.escape(comment, quote=False)
+            label = f'{opening}{html.escape(comment, quote=False)}{CLOSING[opening]}'
             if m.group("nb"):
-                label = f'<code>course/{current}</code> {m.group("section")}, "{label}"'
-            else:
-                label = f'"{label}"'
+                label = f'<code>course/{current}</code> {m.group("section")}{m.group("sep")}{label}'
             out += [cell[pos:m.start()], f'<a href="{cell_link(f"course/{current}", k, rel)}">{label}</a>']
             pos = m.end() + len(comment) + 1
         return "".join(out) + cell[pos:]
@@ -450,40 +599,65 @@ def myths_page(root: Path, pages: set[str], unlinked: list[str] | None = None) -
     return "\n".join(lines)
 
 
-def cheatsheet_page(root: Path, pages: set[str]) -> str:
-    """CHEATSHEET.md for the site: each proof link goes to the section that holds the proof."""
-    text = (root / cheatsheet.SHEET).read_text(encoding="utf-8")
+def cheatsheet_page(root: Path, pages, edition: Edition = EN) -> str:
+    """CHEATSHEET.md for the site: each proof link goes to the section that holds the proof,
+    each "cell [k]" to that cell. The rules' proof links are found in the order the lessons
+    give their rules (the order `make.py cheatsheet` writes them, in both editions)."""
+    origin = edition.repo(cheatsheet.SHEET)
+    text = (root / origin).read_text(encoding="utf-8")
+    out, pos = [], 0
     for lesson in layout.lessons(root):
         rules, _ = cheatsheet.read_rules(lesson)
-        anchors = rule_anchors(lesson)
+        shown = root / edition.repo("course") / lesson.name
+        anchors = rule_anchors(lesson, shown if edition is not EN else None)
         for rule in rules:
-            old = f"[chapter {rule.chapter} {rule.section}](course/{rule.notebook})"
-            if old not in text:
-                raise SiteError(f"CHEATSHEET.md has no proof link {old!r}: it is out of sync with the "
-                                "lessons; run `python3 make.py cheatsheet`")
+            link = f"](course/{rule.notebook})"
+            at = text.find(link, pos)
+            if at < 0:
+                raise SiteError(f"{origin} has no proof link to course/{rule.notebook} for the rule "
+                                f"{rule.sentence[:60]!r}: it is out of sync with the lessons; run "
+                                f"`python3 make.py cheatsheet`" + (" and `python3 make.py i18n build`" if edition is not EN else ""))
             anchor = anchors.get(rule.sentence)
-            if anchor:
-                text = text.replace(old, old[:-1] + f"#{anchor})")
-    return link_cells(rewrite_links(text, cheatsheet.SHEET, cheatsheet.SHEET, pages, root), cheatsheet.SHEET)
+            end = at + len(link)
+            out += [text[pos:end - 1], f"#{anchor})" if anchor else ")"]
+            pos = end
+    text = "".join(out) + text[pos:]
+    return link_cells(rewrite_links(text, origin, cheatsheet.SHEET, pages, root), cheatsheet.SHEET)
 
 
-def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
-    cfg = layout.config()
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    intro = rewrite_links(readme_intro(readme), "README.md", "index.md", pages, root,
-                          anchor_page="README.md", local_anchors=set())
-    rows = ["| # | Lesson | Exercise | Prerequisites | Time |", "|---|---|---|---|---|"]
+def _other_edition_line(paragraph: str) -> bool:
+    """A README paragraph that points to the other language's README (the site's language
+    switch and the edition's own line stand for it)."""
+    return "](README.zh-CN.md)" in paragraph or "](README.md)" in paragraph
+
+
+def home_page(root: Path, chapters: list[Chapter], pages, edition: Edition = EN,
+              other: bool = False) -> str:
+    """The home page: README's introduction, the course map (each chapter's lessons, exercise,
+    prerequisites and time, read from the notebooks' headers) and the toctrees that make the
+    sidebar. `other`: the site has the other edition (the introduction's line pointing to the
+    other README then points to its home page)."""
+    w = edition.words
+    readme = (root / edition.readme).read_text(encoding="utf-8")
+    heading = re.search(r"^#\s+(.+)$", readme, re.MULTILINE)
+    title = layout.config().title if edition is EN or heading is None else heading.group(1).strip()
+    paragraphs = readme_intro(readme).split("\n\n")
+    paragraphs = [(w["other_edition"] if other else None) if _other_edition_line(p) else p for p in paragraphs]
+    intro = rewrite_links("\n\n".join(p for p in paragraphs if p), edition.readme, "index.md", pages, root,
+                          anchor_page=edition.readme, local_anchors=set())
+    rows = [w["map_header"], "|---|---|---|---|---|"]
     for ch in chapters:
         several = len(ch.lessons) > 1
         lessons = "<br>".join(f"[{ch.part_title(i) if several else ch.title}]({lesson.path})"
                               for i, lesson in enumerate(ch.lessons))
-        exercise = (f"[exercise]({ch.exercise}) ({ch.points:g} points)" if ch.exercise else "—")
+        exercise = (edition.w("map_exercise", path=ch.exercise, points=f"{ch.points:g}") if ch.exercise else "—")
         prereq = " ".join(ch.lessons[0].prerequisites.split())  # (the later parts need the first)
-        times = [f"{ch.lesson_label(i).lower() if several else 'lesson'} {short_time(lesson.time)}"
+        times = [edition.w("map_time_part", n=ch.part_number(i), time=short_time(lesson.time, edition)) if several
+                 else edition.w("map_time_lesson", time=short_time(lesson.time, edition))
                  for i, lesson in enumerate(ch.lessons)]
         if ch.exercise_time:
-            times.append(f"exercise {short_time(ch.exercise_time)}")
-        cells = [ch.number, lessons, exercise, prereq, "; ".join(times)]
+            times.append(edition.w("map_time_exercise", time=short_time(ch.exercise_time, edition)))
+        cells = [ch.number, lessons, exercise, prereq, w["map_time_sep"].join(times)]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     toctrees = []
     for ch in chapters:
@@ -493,48 +667,50 @@ def home_page(root: Path, chapters: list[Chapter], pages: set[str]) -> str:
         caption = f"{ch.number} · {ch.title}".replace("`", "")  # (a caption is plain text)
         toctrees.append(":::{toctree}\n:hidden:\n:caption: " + f"{caption}\n\n"
                         + "\n".join(entries) + "\n:::")
+    guides = [(rel, title) for rel, title in w["guides"].items() if rel in pages_staged(pages)]
     reference = [entry for entry, page in [
-        (f"Cheat sheet <{cheatsheet.SHEET.removesuffix('.md')}>", cheatsheet.SHEET),
-        ("The posts' myths, checked <docs/MYTHS>", "docs/MYTHS.md"),
-        *((f"{title} <{rel.removesuffix('.md')}>", rel) for rel, title in GUIDES),
-        ("About these outputs <about>", "about.md")]
-        if page in pages]
-    toctrees.append(":::{toctree}\n:hidden:\n:caption: Reference\n\n" + "\n".join(reference) + "\n:::")
+        (f"{w['cheatsheet']} <{cheatsheet.SHEET.removesuffix('.md')}>", cheatsheet.SHEET),
+        (f"{w['myths']} <docs/MYTHS>", "docs/MYTHS.md"),
+        *((f"{title} <{rel.removesuffix('.md')}>", rel) for rel, title in guides),
+        (f"{w['about']} <about>", "about.md")]
+        if page in pages_staged(pages)]
+    toctrees.append(":::{toctree}\n:hidden:\n:caption: " + w["reference"] + "\n\n" + "\n".join(reference) + "\n:::")
+    staged = pages_staged(pages)
     return "\n".join([
-        f"# {cfg.title}", "",
-        "<!-- Generated by `python3 make.py site` (coursetools/publish/website.py) from README.md and the "
+        f"# {title}", "",
+        f"<!-- Generated by `python3 make.py site` (coursetools/publish/website.py) from {edition.readme} and the "
         "notebooks' headers. -->", "",
         intro, "",
-        "## Course map", "",
-        "Each chapter: a **lesson** to read (shown here with the outputs of a real run: see "
-        "[About these outputs](about.md)) and an **exercise** graded by tests (shown as released: "
-        "fill it in on Colab or on your machine). Every lesson and exercise page has *Open in Colab* "
-        "(the rocket button, top right) and a download button for its notebook.", "",
+        f"## {w['map_heading']}", "",
+        w["map_intro"], "",
         *rows, "",
-        *([f"The course on one page: the [cheat sheet]({cheatsheet.SHEET})."] if cheatsheet.SHEET in pages else []),
-        *(["Where the course comes from: [the posts' myths, checked](docs/MYTHS.md)."]
-          if "docs/MYTHS.md" in pages else []),
-        *(["Guides: " + ", ".join(f"[{title.lower() if title.startswith('The') else title}]({rel})"
-                                  for rel, title in GUIDES if rel in pages) + "."]
-          if any(rel in pages for rel, _ in GUIDES) else []),
+        *([edition.w("cheatsheet_line", path=cheatsheet.SHEET)] if cheatsheet.SHEET in staged else []),
+        *([edition.w("myths_line", path="docs/MYTHS.md")] if "docs/MYTHS.md" in staged else []),
+        *([edition.w("guides_line", links=w["list_sep"].join(f"[{w['guide_in_line'](title)}]({rel})"
+                                                             for rel, title in guides))] if guides else []),
         "", *toctrees, "",
     ])
 
 
-# The guides under docs/, one per reader, each a page of the site (where the repository has it).
-GUIDES = [("docs/LEARNERS.md", "Learners' guide"), ("docs/INSTRUCTORS.md", "Instructors' guide"),
-          ("docs/GRADING_SECURITY.md", "The grading security model"),
-          ("docs/MAINTAINERS.md", "Maintainers' guide")]
+def pages_staged(pages) -> set[str]:
+    """The staged paths of `pages` (a set of paths, or a mapping from repository paths to them)."""
+    return set(pages.values()) if isinstance(pages, dict) else set(pages)
 
-EXERCISE_NOTE = """:::{{note}}
+
+EXERCISE_NOTES = {"en": """:::{{note}}
 **Checking your answers here, on the web or in Colab.** This is the exercise as released:
 answer cells to fill in, each followed by its visible tests. Open it in Colab (the *Open in
 Colab* badge, or the rocket button at the top of the page), run the cells from the top, then
 run each test cell after your answer: a test cell that runs without an error means your answer
 passes its visible tests. The hidden tests, which decide the grade, run only on your own copy
-of the course (`python3 make.py check {chapter}` in its folder) or in your instructor's grader. The locked setup
+of the course (`{check}` in its folder) or in your instructor's grader. The locked setup
 and helper cells are collapsed below: click one to show its code.
-:::"""
+:::""", "zh": """:::{{note}}
+**在网页上或 Colab 中检查你的答案。** 这是按发布时的样子展示的练习：每个要填写的答案单元格后面都跟着它的可见测试。
+在 Colab 中打开它（*Open in Colab* 徽章，或页面顶部的火箭按钮），从头运行各单元格，然后在作答之后运行每个测试单元格：
+测试单元格运行时没有报错，就表示你的答案通过了它的可见测试。决定成绩的隐藏测试只在你自己的课程副本中
+（在它的文件夹里运行 `{check}`）或在你的教师的评分程序中运行。锁定的准备单元格和辅助单元格在下面是折叠的：点击即可显示代码。
+:::"""}
 # Question 1's heading: the first level-2 heading ("## Question 1 · ...", "## 1. ...").
 QUESTION = re.compile(r"^##\s+\S", re.MULTILINE)
 HIDE_INPUT = "hide-input"  # myst-nb: the cell's code collapsed behind a "show" toggle
@@ -558,77 +734,83 @@ def collapse_locked_setup(nb: nbformat.NotebookNode) -> int:
     return tagged
 
 
-def stage(root: Path, dest: Path) -> Staged:
-    """Lay out in `dest` everything the site shows, made from the repository at `root`."""
+def stage(root: Path, dest: Path, edition: Edition = EN, other: bool = False, outputs=None) -> Staged:
+    """Lay out in `dest` everything the site's `edition` shows, made from the repository at
+    `root` (the Chinese edition from zh/, laid out as the English one: zh/course/X is staged at
+    course/X). `other`: the site also has the other edition. `outputs(rel, nb)`, if given,
+    fills each lesson's outputs before it is written (the Chinese edition's, from the English
+    run: `english_outputs`)."""
     dest.mkdir(parents=True, exist_ok=True)
-    lessons = layout.lessons(root)
+    content = root / edition.repo_dir if edition.repo_dir else root
+    lessons = layout.lessons(content)
     if not lessons:
-        raise SiteError(f"no lesson notebooks in {root / 'course'}")
-    assignments = [a for a in layout.assignments(root) if layout.release_notebook(a, root).exists()]
-    lesson_rel = [p.relative_to(root).as_posix() for p in lessons]
-    exercise_rel = {a: layout.release_notebook(a, root).relative_to(root).as_posix() for a in assignments}
-    pages: dict[str, str] = {}
+        raise SiteError(f"no lesson notebooks in {content / 'course'}")
+    assignments = [a for a in layout.assignments(root) if layout.release_notebook(a, content).exists()]
+    lesson_rel = [p.relative_to(content).as_posix() for p in lessons]
+    exercise_rel = {a: layout.release_notebook(a, content).relative_to(content).as_posix() for a in assignments}
+    pages: dict[str, str] = {}    # staged path -> the repository file it is made from ("" if generated)
     resources: list[str] = []    # staged files that are no pages (attachments)
     unlinked_proofs: list[str] = []  # docs/MYTHS.md's citations of a cell no lesson has
     for rel in [*lesson_rel, *exercise_rel.values()]:
-        pages[rel] = rel
-    docs = {cheatsheet.SHEET: cheatsheet.SHEET, "docs/MYTHS.md": "docs/MYTHS.md"}
-    for rel in docs:
-        if (root / rel).exists():
-            pages[rel] = rel
-    guides = [rel for rel, _ in GUIDES if (root / rel).exists()]
-    for rel in guides:
-        pages[rel] = rel
+        pages[rel] = edition.repo(rel)
+    for rel in (cheatsheet.SHEET, "docs/MYTHS.md", *edition.words["guides"]):
+        if (content / rel).exists():
+            pages[rel] = edition.repo(rel)
+    guides = [rel for rel in edition.words["guides"] if rel in pages]
+    for generated in ("index.md", "about.md"):
+        pages[generated] = ""
+    targets = {(origin or edition.repo(rel)): rel for rel, origin in pages.items()}  # repository path -> staged
 
     chapters: dict[str, Chapter] = {}
     for lesson, rel in zip(lessons, lesson_rel):
         nb = notebooks.read(lesson)
         for cell in nb.cells:
             if cell.cell_type == "markdown":
-                cell.source = local_badge(rewrite_links(cell.source, rel, rel, set(pages), root), rel)
+                cell.source = local_badge(rewrite_links(cell.source, pages[rel], rel, targets, root), rel)
         resources += extract_attachments(nb, rel, dest)
+        if outputs is not None:
+            outputs(rel, nb)
         _write(dest / rel, _notebook_text(add_cell_anchors(nb)))
-        facts = header_facts(nb)
+        facts = header_facts(nb, edition)
         if facts is None:
-            raise SiteError(f"{rel}: its header has no '**Prerequisites:** ... **Time:** ...' line "
+            raise SiteError(f"{pages[rel]}: its header has no {edition.words['facts_missing']} line "
                             "(docs/AUTHORING.md, the notebook skeleton)")
-        prereq = rewrite_links(facts[0], rel, "index.md", set(pages), root)
-        chapter = chapters.setdefault(lesson.stem[:2], Chapter(lesson.stem[:2], []))
-        chapter.lessons.append(Lesson(rel, title_of(nb, lesson.stem), prereq, facts[1]))
+        prereq = rewrite_links(facts[0], pages[rel], "index.md", targets, root)
+        chapter = chapters.setdefault(lesson.stem[:2], Chapter(lesson.stem[:2], [], edition=edition))
+        chapter.lessons.append(Lesson(rel, title_of(nb, lesson.stem, edition), prereq, facts[1]))
     for name, rel in exercise_rel.items():
         chapter = chapters.get(name[:2])
         if chapter is None or chapter.exercise is not None:
-            raise SiteError(f"{rel}: no lesson course/{name[:2]}_*.ipynb for this exercise, or a second "
+            raise SiteError(f"{pages[rel]}: no lesson course/{name[:2]}_*.ipynb for this exercise, or a second "
                             f"exercise numbered {name[:2]}")
-        ex_nb = notebooks.read(root / rel)
-        ex_facts = header_facts(ex_nb)
+        ex_nb = notebooks.read(content / rel)
+        ex_facts = header_facts(ex_nb, edition)
         chapter.exercise = rel
         chapter.exercise_time = ex_facts[1] if ex_facts else None
         chapter.points = sum(notebooks.points(c) for c in notebooks.test_cells(ex_nb))
     chapters = list(chapters.values())
 
     for name, rel in exercise_rel.items():
-        nb = notebooks.read(root / rel)
+        nb = notebooks.read(content / rel)
         for cell in nb.cells:
             if cell.cell_type == "markdown":
-                cell.source = local_badge(rewrite_links(cell.source, rel, rel, set(pages), root), rel)
+                cell.source = local_badge(rewrite_links(cell.source, pages[rel], rel, targets, root), rel)
         resources += extract_attachments(nb, rel, dest)
         collapse_locked_setup(nb)
-        note = nbformat.v4.new_markdown_cell(EXERCISE_NOTE.format(chapter=name.split("_", 1)[0]))
+        check = edition.w("check", chapter=name.split("_", 1)[0])
+        note = nbformat.v4.new_markdown_cell(EXERCISE_NOTES[edition.lang].format(check=check))
         note.pop("id", None)
         nb.cells.insert(1, note)
         _write(dest / rel, _notebook_text(nb))
 
     if cheatsheet.SHEET in pages:
-        _write(dest / cheatsheet.SHEET, cheatsheet_page(root, set(pages)))
+        _write(dest / cheatsheet.SHEET, cheatsheet_page(root, targets, edition))
     if "docs/MYTHS.md" in pages:
-        _write(dest / "docs/MYTHS.md", myths_page(root, set(pages), unlinked_proofs))
+        _write(dest / "docs/MYTHS.md", myths_page(root, targets, unlinked_proofs, edition))
     for rel in guides:
-        text = (root / rel).read_text(encoding="utf-8")
-        _write(dest / rel, rewrite_links(text, rel, rel, set(pages), root))
-    pages["index.md"] = ""
-    pages["about.md"] = ""
-    _write(dest / "index.md", home_page(root, chapters, set(pages)))
+        text = (root / pages[rel]).read_text(encoding="utf-8")
+        _write(dest / rel, rewrite_links(text, pages[rel], rel, targets, root))
+    _write(dest / "index.md", home_page(root, chapters, targets, edition, other))
     badge = (SITE_DIR / LOCAL_BADGE).read_bytes()
     (dest / "_static").mkdir(exist_ok=True)
     if not (dest / LOCAL_BADGE).exists() or (dest / LOCAL_BADGE).read_bytes() != badge:
@@ -641,10 +823,11 @@ def stage(root: Path, dest: Path) -> Staged:
             path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()
-    manifest = {"pages": {p: {"origin": o, "sha256": _sha256(root / o) if o else None}
+    manifest = {"edition": edition.lang,
+                "pages": {p: {"origin": o, "sha256": _sha256(root / o) if o else None}
                           for p, o in sorted(pages.items())}}
     _write(dest / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return Staged(dest, pages, lesson_rel, chapters, unlinked_proofs)
+    return Staged(dest, pages, lesson_rel, chapters, unlinked_proofs, edition)
 
 
 def _sha256(path: Path) -> str:
@@ -842,14 +1025,80 @@ def about_page(executions: list[Execution], staged: Staged) -> str:
     return "\n".join(lines)
 
 
-def last_verified(executions: list[Execution]) -> str:
+def about_page_zh(executions: list[Execution], staged: Staged) -> str:
+    """The Chinese edition's "About these outputs": its outputs are the English run's (see
+    `english_outputs`), so it says so and links to the English page for the machine."""
+    titles = {lesson.path: f"{ch.number} · {lesson.title}" for ch in staged.chapters for lesson in ch.lessons}
+    rows = ["| 课 | PyTorch（准备单元格打印的版本） | 设备 | 运行于 | 用时（秒） |", "|---|---|---|---|---:|"]
+    for e in executions:
+        if e.lesson in titles:
+            rows.append(f"| [{titles[e.lesson]}]({e.lesson}) | {e.torch} | {e.device} | {e.executed_at} | {e.seconds:.1f} |")
+    return "\n".join([
+        "# 关于这些输出", "",
+        "<!-- Generated by `python3 make.py site` from the records of the English lessons' runs. -->", "",
+        "本版各课中的每个输出和每张图，都来自英文版同一节课在构建网站时的真实运行，没有任何手工修改。两个版本的代码单元格"
+        "完全相同，只有注释和文档字符串译成了中文：构建网站时会逐个单元格核对这一点，代码不同就拒绝构建。因此输出中的文字"
+        "是英文的，和你自己运行这些单元格时看到的一样。运行它们的机器见英文版的"
+        '<a href="../about.html" hreflang="en" lang="en">About these outputs</a>。', "",
+        *rows, ""])
+
+
+def last_verified(executions: list[Execution], edition: Edition = EN) -> str:
     """What every page's "Last verified" line says: the PyTorch release(s) the lessons' outputs
-    were made with and the date of the latest of those runs ("PyTorch 2.9.1, 2026-12-01")."""
+    were made with and the date of the latest of those runs ("PyTorch 2.9.1, run on 2026-12-01")."""
     if not executions:
         return ""
     torch = sorted({e.torch for e in executions})
     date = max(e.executed_at for e in executions)[:10]
-    return f"PyTorch {', '.join(torch)}, run on {date}"
+    if edition is EN:
+        return f"PyTorch {', '.join(torch)}, run on {date}"
+    return f"PyTorch {'、'.join(torch)}，运行于 {date}"
+
+
+def same_code(english: str, chinese: str) -> bool:
+    """Whether two code cells are the same code apart from their comments and docstrings (what
+    the Chinese edition translates), so that one's outputs are the other's."""
+    from coursetools.publish.i18n import pycode
+
+    try:
+        return pycode.without_words(english) == pycode.without_words(chinese) \
+            and pycode.magic_lines(english) == pycode.magic_lines(chinese)
+    except SyntaxError:
+        return english == chinese
+
+
+def english_outputs(ran: Staged, cache_dir: Path):
+    """The Chinese edition's lessons are not run again: each code cell gets the outputs of the
+    same cell of the English lesson's run (in the cache `execute_lessons` filled), after a check
+    that the two cells are the same code (`same_code`); a difference stops the build. Returns
+    the `outputs` hook of `stage`."""
+    from jupyter_cache import get_cache
+
+    cache = get_cache(str(cache_dir))
+
+    def fill(rel: str, nb: nbformat.NotebookNode) -> None:
+        origin = ZH.repo(rel)
+        if rel not in ran.lessons:
+            raise SiteError(f"{origin} has no English lesson {rel} whose run could give it its outputs")
+        english = nbformat.read(str(ran.folder / rel), as_version=4)
+        try:
+            record = cache.match_cache_notebook(english)
+        except KeyError:
+            raise SiteError(f"{rel}: no run of it in the cache {cache_dir} to give {origin} its outputs") from None
+        executed = cache.get_cache_bundle(record.pk).nb
+        en_code = [c for c in executed.cells if c.cell_type == "code"]
+        zh_code = [c for c in nb.cells if c.cell_type == "code"]
+        if len(en_code) != len(zh_code):
+            raise SiteError(f"{origin} has {len(zh_code)} code cells, {rel} {len(en_code)}: the Chinese edition is "
+                            "out of date; run `python3 make.py i18n build`")
+        for k, (e, z) in enumerate(zip(en_code, zh_code), start=1):
+            if not same_code(e.source, z.source):
+                raise SiteError(f"{origin}, code cell [{k}]: its code is not {rel}'s (beyond comments and "
+                                "docstrings), so the English run's outputs are not its outputs; run "
+                                "`python3 make.py i18n build`")
+            z.outputs = copy.deepcopy(e.outputs)
+            z.execution_count = e.execution_count
+    return fill
 
 
 def _version(name: str) -> str:
@@ -905,7 +1154,8 @@ def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path
     cache_dir = Path(cache_dir).resolve() if cache_dir else build_dir / "jupyter_cache"
     html = build_dir / "html"
     with offline():
-        staged = stage(root, build_dir / "src")
+        other = len(editions(root)) > 1
+        staged = stage(root, build_dir / "src", EN, other)
         log(f"staged {len(staged.pages)} pages from {root}")
         for citation in staged.unlinked_proofs:
             log(f"  docs/MYTHS.md cites a cell that no code cell has, left unlinked (fix the quote): {citation}")
@@ -914,15 +1164,27 @@ def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path
         if left:
             raise SiteError(f"a lesson's kernel was left running: {left}")
         _write(staged.folder / "about.md", about_page(executions, staged))
-        os.environ["COURSE_SITE_VERIFIED"] = last_verified(executions)
-        _sphinx(staged.folder, html, build_dir / "doctrees", cache_dir)
+        builds = [(staged, html, build_dir / "doctrees")]
+        if other:
+            shown = stage(root, build_dir / "src-zh", ZH, True, outputs=english_outputs(staged, cache_dir))
+            log(f"staged {len(shown.pages)} pages of the Chinese edition (zh/), with the English run's outputs")
+            for citation in shown.unlinked_proofs:
+                log(f"  zh/docs/MYTHS.md cites a cell that no code cell has, left unlinked (fix the quote): {citation}")
+            _write(shown.folder / "about.md", about_page_zh(executions, shown))
+            builds.append((shown, html / ZH.site_dir, build_dir / "doctrees-zh"))
+        for this, out, doctrees in builds:
+            counterpart = next((b for b in builds if b[0] is not this), None)
+            os.environ["COURSE_SITE_EDITION"] = json.dumps(
+                sphinx_context(this, counterpart[0] if counterpart else None, executions))
+            _sphinx(this.folder, out, doctrees, cache_dir)
     # The download buttons serve the repository's notebooks, exactly as Colab opens them.
-    for page, origin in staged.pages.items():
-        if page.endswith(".ipynb") and origin:
-            target = html / "_sources" / page
-            if not target.exists():
-                raise SiteError(f"Sphinx wrote no download copy of {page} ({target})")
-            shutil.copy2(root / origin, target)
+    for this, out, _ in builds:
+        for page, origin in this.pages.items():
+            if page.endswith(".ipynb") and origin:
+                target = out / "_sources" / page
+                if not target.exists():
+                    raise SiteError(f"Sphinx wrote no download copy of {page} ({target})")
+                shutil.copy2(root / origin, target)
     broken, checked = check_links(html)
     if broken:
         raise SiteError(f"{len(broken)} broken internal link(s) in the built site:\n  " + "\n  ".join(broken))
@@ -930,9 +1192,31 @@ def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path
                          time.perf_counter() - started)
     summary = {"pages": result.pages, "links_checked": checked, "seconds": round(result.seconds, 1),
                "lessons": [dataclasses.asdict(e) for e in executions],
-               "unlinked_myths_proofs": staged.unlinked_proofs}
+               "unlinked_myths_proofs": [u for b in builds for u in b[0].unlinked_proofs],
+               "editions": {b[0].edition.lang: {"site_dir": b[0].edition.site_dir, "src": str(b[0].folder),
+                                                "pages": len(b[0].pages)} for b in builds}}
     _write(build_dir / "site-build.json", json.dumps(summary, indent=1) + "\n")
     return result
+
+
+def sphinx_context(staged: Staged, other: Staged | None, executions: list[Execution]) -> dict:
+    """What website/conf.py needs to render one edition (passed in COURSE_SITE_EDITION): its
+    language and title, whether myst-nb reads the execution cache (the English edition) or
+    the outputs already in the notebooks (the Chinese one), its "Last verified" line, and the
+    language switch: where the other edition is, and which pages it has (a page it lacks
+    switches to its home page)."""
+    ed = staged.edition
+    switch = None
+    if other is not None:
+        oed = other.edition
+        base = f"{oed.site_dir}/" if oed.site_dir else "../" * (ed.site_dir.count("/") + 1)
+        switch = {"base": base, "label": oed.name, "hreflang": oed.hreflang,
+                  "pages": sorted({posixpath.splitext(p)[0] for p in other.pages} | {"search", "genindex"})}
+    heading = re.search(r"^# (.+)$", (staged.folder / "index.md").read_text(encoding="utf-8"), re.MULTILINE)
+    return {"lang": ed.lang, "language": ed.sphinx_language, "title": plain(heading.group(1)) if heading else None,
+            "execution": "cache" if ed is EN else "off",
+            "verified": last_verified(executions, ed), "verified_label": ed.w("verified"),
+            "about_label": ed.w("about_link"), "switch": switch}
 
 
 def _sphinx(src: Path, html: Path, doctrees: Path, cache_dir: Path) -> None:
@@ -975,9 +1259,9 @@ class StringIOWithEcho:
 # --------------------------------------------------------------------------------------
 
 def site_pages(html_dir: Path) -> list[Path]:
-    """The site's HTML pages (not the theme's templates under _static/)."""
+    """The site's HTML pages, both editions' (not the theme's templates under _static/)."""
     return sorted(p for p in Path(html_dir).rglob("*.html")
-                  if p.relative_to(html_dir).parts[0] not in ("_static", "_sources"))
+                  if not {"_static", "_sources"} & set(p.relative_to(html_dir).parts))
 
 
 class _Page(html.parser.HTMLParser):

@@ -29,6 +29,7 @@ import base64
 import contextlib
 import html
 import json
+import posixpath
 import re
 import subprocess
 import sys
@@ -80,7 +81,8 @@ def site(tmp_path_factory):
     print(line)
     (ROOT / "test-artifacts").mkdir(exist_ok=True)
     (ROOT / "test-artifacts" / "site-build.txt").write_text(line + "\n")
-    return {"dir": build_dir, "html": build_dir / "html", "src": build_dir / "src", "summary": summary}
+    return {"dir": build_dir, "html": build_dir / "html", "src": build_dir / "src", "src_zh": build_dir / "src-zh",
+            "summary": summary}
 
 
 def page_text(path: Path) -> str:
@@ -99,15 +101,22 @@ def html_of(page: str) -> str:
 # --------------------------------------------------------------------------------------
 
 def test_every_lesson_and_exercise_is_a_page_and_nothing_else(site):
-    manifest = json.loads((site["src"] / website.MANIFEST).read_text())["pages"]
-    lessons = [p.relative_to(ROOT).as_posix() for p in layout.lessons()]
-    exercises = [layout.release_notebook(a).relative_to(ROOT).as_posix() for a in layout.assignments()]
-    for rel in [*lessons, *exercises]:
-        assert manifest.get(rel, {}).get("origin") == rel, f"{rel} is not a page of the site"
-    assert not [p for p in manifest if p.startswith("solutions/")], "a solution was staged"
+    """In both editions: the English site at the root, the Chinese one (zh/, made from the
+    repository's zh/ files) under zh/."""
+    expected = set()
+    for edition, src in ((website.EN, site["src"]), (website.ZH, site["src_zh"])):
+        manifest = json.loads((src / website.MANIFEST).read_text())["pages"]
+        content = ROOT / edition.repo_dir if edition.repo_dir else ROOT
+        lessons = [p.relative_to(content).as_posix() for p in layout.lessons(content)]
+        exercises = [layout.release_notebook(a, content).relative_to(content).as_posix() for a in layout.assignments()]
+        assert lessons and len(exercises) == len(layout.assignments()), f"the {edition.lang} edition lacks pages"
+        for rel in [*lessons, *exercises]:
+            assert manifest.get(rel, {}).get("origin") == edition.repo(rel), f"{edition.repo(rel)} is not a page of the site"
+        assert not [p for p in manifest if "solutions/" in p], "a solution was staged"
+        prefix = f"{edition.site_dir}/" if edition.site_dir else ""
+        expected |= {prefix + html_of(p) for p in manifest} | {f"{prefix}genindex.html", f"{prefix}search.html"}
     # The pages Sphinx wrote are exactly the staged ones (and its own index and search).
     written = {p.relative_to(site["html"]).as_posix() for p in website.site_pages(site["html"])}
-    expected = {html_of(p) for p in manifest} | {"genindex.html", "search.html"}
     assert written == expected, (f"pages not made from the repository: {sorted(written - expected)}; "
                                  f"staged but not written: {sorted(expected - written)}")
     assert site["summary"]["pages"] == len(written)
@@ -117,15 +126,19 @@ def test_site_is_made_from_the_notebooks_never_by_hand(site, tmp_path):
     """A fresh staging from the repository equals what the build rendered, byte for byte; the
     built folder is git-ignored and nothing of it is committed; each page's origin is the
     repository file as it is now (sha256 in the manifest)."""
-    fresh = website.stage(ROOT, tmp_path / "src")
-    built = {p.relative_to(site["src"]).as_posix(): p.read_bytes() for p in site["src"].rglob("*") if p.is_file()}
-    again = {p.relative_to(fresh.folder).as_posix(): p.read_bytes() for p in fresh.folder.rglob("*") if p.is_file()}
-    built.pop("about.md")  # written after the lessons ran: it records when and where they ran
-    assert built == again, f"staged files differ from a fresh staging: {sorted(k for k in built.keys() | again.keys() if built.get(k) != again.get(k))}"
-    manifest = json.loads((site["src"] / website.MANIFEST).read_text())["pages"]
-    for page, entry in manifest.items():
-        if entry["origin"]:
-            assert entry["sha256"] == website._sha256(ROOT / entry["origin"]), f"{page}: its origin changed"
+    fresh = website.stage(ROOT, tmp_path / "src", website.EN, other=True)
+    # The Chinese edition, with the English run's outputs from the cache (english_outputs).
+    fresh_zh = website.stage(ROOT, tmp_path / "src-zh", website.ZH, other=True,
+                             outputs=website.english_outputs(fresh, CACHE))
+    for src, staged in ((site["src"], fresh), (site["src_zh"], fresh_zh)):
+        built = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+        again = {p.relative_to(staged.folder).as_posix(): p.read_bytes() for p in staged.folder.rglob("*") if p.is_file()}
+        built.pop("about.md")  # written after the lessons ran: it records when and where they ran
+        assert built == again, f"staged files differ from a fresh staging: {sorted(k for k in built.keys() | again.keys() if built.get(k) != again.get(k))}"
+        manifest = json.loads((src / website.MANIFEST).read_text())["pages"]
+        for page, entry in manifest.items():
+            if entry["origin"]:
+                assert entry["sha256"] == website._sha256(ROOT / entry["origin"]), f"{page}: its origin changed"
     tracked = subprocess.run(["git", "ls-files", "website/_build"], cwd=ROOT, capture_output=True, text=True).stdout
     assert not tracked.strip(), f"built files are committed: {tracked}"
     ignored = subprocess.run(["git", "check-ignore", "-q", "website/_build/html/index.html"], cwd=ROOT)
@@ -290,23 +303,46 @@ def test_link_check_finds_broken_links(tmp_path):
         "index.html: #nowhere", "index.html: missing.html", "index.html: sub/page.html#gone", "index.html: sub/pic.png"]
 
 
-def test_cheatsheet_links_go_to_the_section_that_proves_each_rule(site):
+EDITIONS = pytest.mark.parametrize("edition", [website.EN, website.ZH], ids=["en", "zh"])
+
+
+def edition_html(site, edition) -> Path:
+    return site["html"] / edition.site_dir if edition.site_dir else site["html"]
+
+
+@EDITIONS
+def test_cheatsheet_links_go_to_the_section_that_proves_each_rule(site, edition):
     """Each rule's proof link on the site's cheat sheet carries the anchor of the lesson
-    section it names (the link check above proves each anchor exists)."""
-    raw = (site["html"] / "CHEATSHEET.html").read_text(encoding="utf-8")
+    section it names (the link check above proves each anchor exists), in both editions (the
+    Chinese one's anchors are its translated headings')."""
+    html_dir = edition_html(site, edition)
+    raw = (html_dir / "CHEATSHEET.html").read_text(encoding="utf-8")
     rules = [r for lesson in layout.lessons() for r in cheatsheet.read_rules(lesson)[0]]
-    proof_links = re.findall(r'href="(course/[^"#]+\.html)#([^"]+)"[^>]*>\s*(?:<[^>]+>)*\s*chapter', raw)
+    word = "chapter" if edition is website.EN else "第"
+    proof_links = re.findall(rf'href="(course/[^"#]+\.html)#([^"]+)"[^>]*>\s*(?:<[^>]+>)*\s*{word}', raw)
+    english_links = re.findall(r'href="(course/[^"#]+\.html)#([^"]+)"[^>]*>\s*(?:<[^>]+>)*\s*chapter',
+                               (site["html"] / "CHEATSHEET.html").read_text(encoding="utf-8"))
+    checked: list[str] = []
     assert len(proof_links) == len(rules), (
         f"{len(rules)} rules, {len(proof_links)} proof links with an anchor on the site's cheat sheet")
     for (page, anchor), rule in zip(proof_links, rules):
         assert page == f"course/{Path(rule.notebook).stem}.html"
         title = rule.section.split(" ", 1)[1] if " " in rule.section else rule.section
         heading = re.search(rf'<section id="{re.escape(anchor)}">\s*(?:<span[^>]*></span>)?\s*<h\d[^>]*>(.*?)</h\d>',
-                            (site["html"] / page).read_text(encoding="utf-8"), re.DOTALL)
+                            (html_dir / page).read_text(encoding="utf-8"), re.DOTALL)
         assert heading, f"{page}: no section #{anchor}"
         shown = " ".join(html.unescape(re.sub(r"<[^>]+>", "", heading.group(1))).split()).rstrip("#")
-        plain = " ".join(title.replace("`", "").split())
-        assert plain in shown, f"rule {rule.sentence[:50]!r} links to #{anchor} ({shown!r}), not to {title!r}"
+        if edition is website.EN:
+            plain = " ".join(title.replace("`", "").split())
+            assert plain in shown, f"rule {rule.sentence[:50]!r} links to #{anchor} ({shown!r}), not to {title!r}"
+        else:  # the same section as the English sheet's link: the heading at the same place
+            en_page, en_anchor = english_links[len(checked)]
+            sections = [re.findall(r'<section id="([^"]+)">', (d / page).read_text(encoding="utf-8"))
+                        for d in (site["html"], html_dir)]
+            assert en_page == page and sections[0].index(en_anchor) == sections[1].index(anchor), (
+                f"zh: rule {rule.sentence[:50]!r} links to #{anchor} ({shown!r}), the English sheet to "
+                f"{en_page}#{en_anchor}")
+        checked.append(anchor)
 
 
 def test_colab_and_download_on_every_notebook_page(site):
@@ -483,6 +519,11 @@ def test_sidebar_entries_say_what_each_page_is(site):
     for want in ("01 Device basics", "01 Exercise: device basics", "03 Exercise: Module.to() vs Tensor.to()",
                  "05 Mixed precision (AMP), part 2", "08 Exercise: troubleshooting"):
         assert want in entries, f"no sidebar entry {want!r}: {entries}"
+    assert layout.config().title not in entries, f"a sidebar entry repeats the site's title (shown above it): {entries}"
+    zh = sidebar_entries((site["html"] / "zh" / "index.html").read_text(encoding="utf-8"))
+    for want in ("01 设备基础", "01 练习：设备基础", "05 混合精度（AMP），第 2 部分", "08 练习：排错", "学习者指南", "速查表"):
+        assert want in zh, f"no sidebar entry {want!r} in the Chinese edition: {zh}"
+    assert len(set(zh)) == len(zh), f"two sidebar entries read the same: {zh}"
 
 
 def site_chapters() -> list:
@@ -513,14 +554,17 @@ def test_every_page_says_when_its_outputs_were_last_verified(site):
     lessons = site["summary"]["lessons"]
     torch_versions = ", ".join(sorted({e["torch"] for e in lessons}))
     date = max(e["executed_at"] for e in lessons)[:10]
-    want = f"Last verified: PyTorch {torch_versions}, run on {date}"
+    wants = {"en": f"Last verified: PyTorch {torch_versions}, run on {date}",
+             "zh": f"最近验证：PyTorch {torch_versions.replace(', ', '、')}，运行于 {date}"}
     for path in website.site_pages(site["html"]):
         raw = path.read_text(encoding="utf-8")
         line = re.search(r'<p class="course-last-verified">(.*?)</p>', raw, re.DOTALL)
         rel = path.relative_to(site["html"]).as_posix()
+        want = wants["zh" if rel.startswith("zh/") else "en"]
         assert line, f"{rel}: no 'Last verified' line"
         assert want in " ".join(page_text_of(line.group(1)).split()), f"{rel}: {line.group(1)!r}, want {want!r}"
-        about = "#" if rel == "about.html" else posixpath_rel("about.html", rel)
+        about_page = "zh/about.html" if rel.startswith("zh/") else "about.html"
+        about = "#" if rel == about_page else posixpath_rel(about_page, rel)
         assert f'href="{about}"' in line.group(1), f"{rel}: 'Last verified' does not link to {about}"
 
 
@@ -555,26 +599,87 @@ def test_exercise_pages_collapse_the_locked_setup_and_advise_a_web_reader(site):
             assert words in note, f"{rel}: the web reader's note lacks {words!r}"
 
 
-def test_cheatsheet_and_myths_link_to_the_exact_cell(site):
+@EDITIONS
+def test_cheatsheet_and_myths_link_to_the_exact_cell(site, edition):
     """Each "cell [k]" of the cheat sheet and each "proven in" cell of MYTHS links to
     `course/NN.html#cell-k`, and the anchor stands right before the k-th code cell (the link
-    check proves the anchors exist)."""
-    sheet = (site["html"] / "CHEATSHEET.html").read_text(encoding="utf-8")
+    check proves the anchors exist); in the Chinese edition, "单元格 [k]" and the Chinese
+    lessons' cells."""
+    html_dir = edition_html(site, edition)
+    sheet = (html_dir / "CHEATSHEET.html").read_text(encoding="utf-8")
     rules = [r for lesson in layout.lessons() for r in cheatsheet.read_rules(lesson)[0]]
-    links = re.findall(r'<a href="(course/[^"#]+\.html)#cell-(\d+)">cell \[(\d+)\]</a>', sheet)
-    assert len(links) == len(rules), f"{len(rules)} rules, {len(links)} 'cell [k]' links on the cheat sheet"
-    myths = (site["html"] / "docs" / "MYTHS.html").read_text(encoding="utf-8")
+    word = "cell" if edition is website.EN else "单元格"
+    links = re.findall(rf'<a href="(course/[^"#]+\.html)#cell-(\d+)">{word} \[(\d+)\]</a>', sheet)
+    assert len(links) == len(rules), f"{len(rules)} rules, {len(links)} '{word} [k]' links on the cheat sheet"
+    myths = (html_dir / "docs" / "MYTHS.html").read_text(encoding="utf-8")
     myth_links = re.findall(r'href="\.\./(course/[^"#]+\.html)#cell-(\d+)"', myths)
     assert len(myth_links) >= 30, f"MYTHS' 'proven in' column links to {len(myth_links)} cells"
     targets = {(page, int(k)) for page, k, *_ in links} | {(page, int(k)) for page, k in myth_links}
     for page, k in sorted(targets):
-        raw = (site["html"] / page).read_text(encoding="utf-8")
+        raw = (html_dir / page).read_text(encoding="utf-8")
         after = raw.split(f'id="cell-{k}"', 1)
         assert len(after) == 2, f"{page}: no #cell-{k}"
         shown = " ".join(page_text_of(re.search(r'<div class="cell_input.*?</pre>', after[1], re.DOTALL).group(0)).split())
-        lesson = ROOT / "course" / (Path(page).stem + ".ipynb")
+        lesson = ROOT / edition.repo("course") / (Path(page).stem + ".ipynb")
         source = website.code_cells(lesson)[k - 1]
         assert " ".join(source.split())[:60] in shown, f"{page}#cell-{k} is not code cell [{k}]: {shown[:80]!r}"
+
+
+def test_the_chinese_edition_shows_the_english_runs_outputs(site):
+    """Each Chinese lesson page shows the outputs of the English lesson's run (the same code
+    cells, comments translated: coursetools/publish/website.py, english_outputs): as many
+    outputs and figures as the English page, the same setup report, the Chinese text."""
+    import torch
+
+    for lesson in layout.lessons():
+        rel = lesson.relative_to(ROOT).as_posix()
+        en = (site["html"] / html_of(rel)).read_text(encoding="utf-8")
+        zh = (site["html"] / "zh" / html_of(rel)).read_text(encoding="utf-8")
+        for what in ('class="cell_output', "<img "):
+            assert zh.count(what) == en.count(what), (
+                f"zh/{rel}: {zh.count(what)} of {what!r}, the English page {en.count(what)}")
+        text = " ".join(page_text(site["html"] / "zh" / html_of(rel)).split())
+        assert f"PyTorch {torch.__version__} | device: cpu" in text, f"zh/{rel}: no output of the English run"
+        title = website.title_of(notebooks.read(ROOT / "zh" / rel), lesson.stem, website.ZH)
+        assert re.search(r"[\u4e00-\u9fff]", title) and title.replace("`", "") in text, f"zh/{rel}: not the Chinese lesson"
+    assert '<html lang="zh-CN"' in (site["html"] / "zh" / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_chinese_edition_refuses_outputs_of_other_code(site, tmp_path):
+    """A Chinese lesson whose code is not the English lesson's (beyond comments) gets no
+    outputs from the English run: the build stops, naming the cell and the fix."""
+    rel = layout.lessons()[1].relative_to(ROOT).as_posix()
+    ran = website.Staged(site["src"], {}, [rel], [])
+    fill = website.english_outputs(ran, CACHE)
+    nb = notebooks.read(ROOT / "zh" / rel)
+    fill(rel, nb)  # the Chinese lesson as it is: outputs copied
+    assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    code[2].source = "# 只改了注释\n" + code[2].source  # a comment more: still the same code
+    fill(rel, nb)
+    code[2].source += "\nprint('one more line')"
+    with pytest.raises(website.SiteError, match=r"code cell \[3\].*i18n build"):
+        fill(rel, nb)
+    assert website.same_code("x = 1  # one\n", "x = 1  # 一\n")
+    assert not website.same_code("x = 1\n", "x = 2\n")
+    assert not website.same_code("%%time\nx = 1\n", "x = 1\n")
+
+
+def test_every_page_switches_to_the_same_page_in_the_other_language(site):
+    """The language switch on every page of each edition opens the same page in the other
+    one (its home page where the other edition has no such page), and names the language in
+    that language."""
+    pages = {p.relative_to(site["html"]).as_posix() for p in website.site_pages(site["html"])}
+    for rel in sorted(pages):
+        raw = (site["html"] / rel).read_text(encoding="utf-8")
+        switch = re.search(r'<a class="btn btn-sm course-language-switch" href="([^"]+)"\s+hreflang="([^"]+)"[^>]*>([^<]+)</a>', raw)
+        assert switch, f"{rel}: no language switch"
+        chinese = rel.startswith("zh/")
+        counterpart = rel.removeprefix("zh/") if chinese else f"zh/{rel}"
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(rel), switch.group(1)))
+        expected = counterpart if counterpart in pages else ("index.html" if chinese else "zh/index.html")
+        assert target == expected, f"{rel}: the switch goes to {target}, not {expected}"
+        assert (switch.group(2), switch.group(3).strip()) == (("en", "English") if chinese else ("zh-CN", "中文")), rel
 
 
 def test_every_myths_citation_names_a_cell_the_lesson_has(site):
@@ -680,6 +785,17 @@ def test_site_in_the_browser(site, browser_page):
                 f"the {toggle} button opened no drawer at 390 px ({phone})")
             page.keyboard.press("Escape")
             page.wait_for_function("d => !document.querySelector(d).open", arg=drawer)
+        # The language switch, on a phone: this lesson in Chinese, then back in English.
+        english_url = page.url
+        page.locator(".course-language-switch:visible").first.click()
+        page.wait_for_url(f"{base}/zh/course/{lesson.stem}.html")
+        zh_shot = shot(page, "site-phone-zh-lesson.png")
+        assert page.evaluate("document.documentElement.lang") == "zh-CN", f"the Chinese page is not lang=zh-CN ({zh_shot})"
+        zh_title = website.title_of(notebooks.read(ROOT / "zh" / "course" / lesson.name), lesson.stem, website.ZH)
+        assert zh_title.replace("`", "") in page.locator("main h1").first.inner_text(), (
+            f"the switch did not open the Chinese lesson ({zh_shot})")
+        page.locator(".course-language-switch:visible").first.click()
+        page.wait_for_url(english_url)
         page.set_viewport_size(browser_support.VIEWPORT)
 
         exercise = layout.release_notebook(layout.assignments()[0]).relative_to(ROOT).as_posix()
