@@ -69,7 +69,9 @@ html_context = {"course_last_verified": EDITION.get("verified", ""),
                 "course_verified_label": EDITION.get("verified_label", "Last verified: "),
                 "course_about_label": EDITION.get("about_label", "about these outputs")}
 html_css_files = ["course.css"]
-html_js_files = ["course-toggles.js"]  # the menu buttons work (see the file)
+# The menu buttons work (course-toggles.js); a pasted error message finds its cheat-sheet row
+# first (course-search.js, reading _static/course-errors.json that website.py writes).
+html_js_files = ["course-toggles.js", "course-search.js"]
 html_last_updated_fmt = None
 html_show_sphinx = False
 html_copy_source = True            # the download buttons serve _sources/ (the repository's files)

@@ -66,6 +66,7 @@ import nbformat
 
 from coursetools.author import cheatsheet, gpu_records
 from coursetools import layout, notebooks
+from coursetools.publish import site_search
 
 SITE_DIR = layout.ROOT / "website"           # committed: conf.py, _static/
 BUILD_DIR = SITE_DIR / "_build"               # git-ignored: src/, html/, doctrees/, jupyter_cache/
@@ -622,6 +623,9 @@ def cheatsheet_page(root: Path, pages, edition: Edition = EN) -> str:
             out += [text[pos:end - 1], f"#{anchor})" if anchor else ")"]
             pos = end
     text = "".join(out) + text[pos:]
+    # Each error row gets an anchor: a pasted error message's first search result is its row
+    # (coursetools/publish/site_search.py, website/_static/course-search.js).
+    text = site_search.anchor_error_rows(text, origin)
     return link_cells(rewrite_links(text, origin, cheatsheet.SHEET, pages, root), cheatsheet.SHEET)
 
 
@@ -1177,8 +1181,12 @@ def build(root: Path = layout.ROOT, build_dir: Path = BUILD_DIR, cache_dir: Path
             os.environ["COURSE_SITE_EDITION"] = json.dumps(
                 sphinx_context(this, counterpart[0] if counterpart else None, executions))
             _sphinx(this.folder, out, doctrees, cache_dir)
-    # The download buttons serve the repository's notebooks, exactly as Colab opens them.
+    # The download buttons serve the repository's notebooks, exactly as Colab opens them; the
+    # search page finds a pasted error message's row of the cheat sheet from its index.
     for this, out, _ in builds:
+        if cheatsheet.SHEET in this.pages:
+            site_search.write_error_index(out, (this.folder / cheatsheet.SHEET).read_text(encoding="utf-8"),
+                                          cheatsheet.SHEET, source=this.edition.repo(cheatsheet.SHEET))
         for page, origin in this.pages.items():
             if page.endswith(".ipynb") and origin:
                 target = out / "_sources" / page

@@ -17,8 +17,14 @@ maintainer's build, re-runs only the lessons whose code changed. Then:
   "About these outputs" page names the PyTorch and the machine that produced the outputs;
 * recorded GPU output (coursetools/author/gpu_records.py) renders, with its label and figure, on a
   small site built from a fixture lesson recorded on this machine;
+* the Chinese edition under zh/: the same pages from the zh/ files, its lessons showing the
+  English run's outputs (and refusing them for other code), a language switch on every page of
+  both to the same page in the other language, its cheat sheet and MYTHS linking to its own
+  sections and cells;
 * in Chromium (the Playwright set-up of tests/learner/test_browser.py): the home page, a lesson with
-  a figure, an exercise page, a search for `non_blocking`, the dark theme, and one figure drawn by
+  a figure, both menu drawers on a phone, the language switch there and back, an exercise page,
+  a search for `non_blocking` and for a pasted error message (its cheat-sheet row first, in both
+  editions), the dark theme, and one figure drawn by
   the course's helpers per chapter in the light and the dark theme (an opaque white card in both);
   screenshots go to test-artifacts/screenshots/ (committed).
 """
@@ -682,6 +688,24 @@ def test_every_page_switches_to_the_same_page_in_the_other_language(site):
         assert (switch.group(2), switch.group(3).strip()) == (("en", "English") if chinese else ("zh-CN", "中文")), rel
 
 
+@EDITIONS
+def test_every_error_row_has_an_anchor_and_an_index_entry(site, edition):
+    """Each row of the cheat sheet's error table is an anchor on the site's page, and the
+    search page's error index (_static/course-errors.json) lists it with its link: what lets a
+    pasted message's first result be its row (tests/publish/test_site_search.py tests the
+    matching in the browser)."""
+    from coursetools.publish import site_search
+
+    html_dir = edition_html(site, edition)
+    rows = site_search.error_rows((ROOT / edition.repo(cheatsheet.SHEET)).read_text(encoding="utf-8"))
+    page = (html_dir / "CHEATSHEET.html").read_text(encoding="utf-8")
+    index = json.loads((html_dir / site_search.INDEX_FILE).read_text(encoding="utf-8"))
+    assert len(rows) >= 30 and [e["anchor"] for e in index] == [r.anchor for r in rows]
+    for row, entry in zip(rows, index):
+        assert f'id="{row.anchor}"' in page, f"{edition.lang}: no anchor {row.anchor} on the cheat sheet"
+        assert entry["url"] == f"CHEATSHEET.html#{row.anchor}" and entry["message"] == row.message
+
+
 def test_every_myths_citation_names_a_cell_the_lesson_has(site):
     """A "proven in" citation that matches no code cell stays plain text; the build lists it.
     This fails while docs/MYTHS.md quotes a comment line the lesson no longer has."""
@@ -818,6 +842,36 @@ def test_site_in_the_browser(site, browser_page):
         found = results.all_inner_texts()
         search_shot = shot(page, "site-search.png")
         assert any("Performance" in r for r in found), f"search for non_blocking found {found} ({search_shot})"
+        page.wait_for_function("() => document.querySelector('#search-results p.search-summary') !== null", timeout=60_000)
+        excerpts = page.locator("#search-results ul.search li p.context").all_inner_texts()
+        assert excerpts and not [e for e in excerpts if re.match(r"\W*(Contents|Show code cell)", e)], (
+            f"search excerpts show the theme's contents or toggle labels: {excerpts[:3]} ({search_shot})")
+
+        # A pasted error message, as a learner copies it from a traceback: its first result is
+        # its row of the cheat sheet (website/_static/course-search.js), in both editions.
+        pasted = ("RuntimeError: Expected all tensors to be on the same device, but found at least two "
+                  "devices, cuda:0 and cpu! (when checking argument for argument mat1 in method wrapper_CUDA_addmm)")
+        for prefix in ("", "zh/"):
+            page.goto(f"{base}/{prefix}index.html")
+            page.keyboard.press("Control+k")
+            box = page.locator("input[name='q']:visible").first
+            box.fill(pasted)
+            box.press("Enter")
+            page.wait_for_url(re.compile(r"search\.html\?q="))
+            first = page.locator("#search-results ul.search li").first
+            first.wait_for(timeout=60_000)
+            error_shot = shot(page, f"site-search-error{'-zh' if prefix else ''}.png")
+            href = first.locator("a").first.get_attribute("href")
+            assert href.endswith(f"/{prefix}CHEATSHEET.html#error-expected-all-tensors-to-be-on-the-same-device"), (
+                f"the pasted error's first result is {href} ({error_shot})")
+            first.locator("a").first.click()
+            page.wait_for_url(re.compile(r"CHEATSHEET\.html#error-"))
+            row = page.locator("#error-expected-all-tensors-to-be-on-the-same-device")
+            assert row.count() == 1 and row.is_visible() or row.bounding_box() is not None, f"no such row ({error_shot})"
+            landed = shot(page, f"site-search-error-row{'-zh' if prefix else ''}.png")
+            top = page.evaluate("() => document.querySelector('#error-expected-all-tensors-to-be-on-the-same-device')"
+                                ".closest('tr').getBoundingClientRect().top")
+            assert 0 <= top < page.viewport_size["height"] / 2, f"the row is not in view at the top ({top} px; {landed})"
 
         # Dark theme: the theme switch turns the page dark.
         page.goto(f"{base}/course/{lesson.stem}.html")
