@@ -273,6 +273,7 @@ class Classroom:
                 gb.update_or_create_student(student)
             for student in students:
                 folder = self.course / "submitted" / student / assignment
+                adopt_renamed(folder, assignment, self.release_dir() / assignment / f"{assignment}.ipynb")
                 submission_digest = gradejob.files_digest(gradejob.read_folder(folder))
                 entry = entries.get(student)
                 done = (not force and entry is not None and entry.submission_sha256 == submission_digest
@@ -354,11 +355,9 @@ class Classroom:
                     lost = self.lost.get((assignment, student))
                     result.flags.append(f"NOT GRADED: {lost}" if lost else
                                         "NOT GRADED: nbgrader could not grade this submission (see grading.log)")
-                    submitted = self.course / "submitted" / student / assignment / f"{assignment}.ipynb"
-                    try:
-                        notebooks.read(submitted)
-                    except notebooks.NotebookError as exc:
-                        result.flags.append(f"unreadable: {exc}")
+                    problem = submission_problem(self.course / "submitted" / student / assignment, assignment)
+                    if problem:
+                        result.flags.append(problem)
                     out.append(result)
                     continue
                 result.score, result.max_score = sub.score, sub.max_score
@@ -373,6 +372,10 @@ class Classroom:
                             if (label, gid) not in seen:
                                 seen.add((label, gid))
                                 result.flags.append(f"{label} in {gid}")
+                renamed = renamed_from(self.course / "submitted" / student / assignment, assignment)
+                if renamed:
+                    result.flags.append(f"graded {renamed!r} as {assignment}.ipynb (the student's file had "
+                                        "another name)")
                 result.flags.extend(self._cell_changes(student, assignment))
                 result.flags.extend(self.quarantined(student, assignment))
                 result.flags.extend(f"review: {finding}" for finding in review.review_notebook(graded_nb))
@@ -402,25 +405,115 @@ class Classroom:
                 continue
             if name not in mine:
                 flags.append(f"deleted {name} (restored)")
+                continue
             elif compute_checksum(mine[name]) != notebooks.nbgrader_meta(cell).get("checksum"):
                 flags.append(f"edited {name} (restored)")
+        # An answer cell the student deleted: nbgrader_ext.RestoreDeletedAnswers put it back empty.
+        for cell in released.cells:
+            name = notebooks.grade_id(cell)
+            meta = notebooks.nbgrader_meta(cell)
+            if name and meta.get("solution") and not meta.get("grade") and name not in mine:
+                flags.append(f"deleted answer cell {name} (restored empty: graded as unanswered)")
         return flags
 
 
+def _notebooks_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.ipynb") if p.is_file() and not p.is_symlink())
+
+
+def adopt_renamed(folder: Path, assignment: str, release: Path) -> str | None:
+    """A submission whose notebook has another name ("01_device_basics (1).ipynb", a browser's
+    download of the same file) is graded under its expected name: when the folder has no
+    `<assignment>.ipynb` and exactly one other notebook, which holds this assignment's cells
+    (a grade id of the release), a copy of it is put under the expected name (the student's
+    file stays). Returns the adopted file's name, or None."""
+    expected = folder / f"{assignment}.ipynb"
+    if expected.exists() or expected.is_symlink():
+        return None
+    candidates = _notebooks_in(folder)
+    if len(candidates) != 1:
+        return None
+    try:
+        nb = notebooks.read(candidates[0])
+        ids = {notebooks.grade_id(c) for c in notebooks.read(release).cells} - {None}
+    except notebooks.NotebookError:
+        return None
+    if not ids & {notebooks.grade_id(c) for c in nb.cells}:
+        return None
+    shutil.copyfile(candidates[0], expected)
+    return candidates[0].name
+
+
+def renamed_from(folder: Path, assignment: str) -> str | None:
+    """The student's file `adopt_renamed` graded under the expected name (the same bytes), if any."""
+    expected = folder / f"{assignment}.ipynb"
+    if not expected.is_file():
+        return None
+    data = expected.read_bytes()
+    return next((p.name for p in _notebooks_in(folder) if p != expected and p.read_bytes() == data), None)
+
+
+def submission_problem(folder: Path, assignment: str) -> str | None:
+    """Why a submission's notebook cannot be graded, said to the instructor (what is there,
+    what to do), or None when the file reads as a notebook."""
+    expected = folder / f"{assignment}.ipynb"
+    if not expected.exists():
+        others = [p.name for p in _notebooks_in(folder)]
+        if not others:
+            return (f"the submission holds no notebook (no {expected.name}); ask the student to submit "
+                    "it again")
+        names = ", ".join(repr(n) for n in others)
+        return (f"no {expected.name} in the submission; found {names}: rename the one to grade to "
+                f"{expected.name} (in {folder}) and run grade-class again")
+    try:
+        notebooks.read(expected)
+    except notebooks.NotebookError as exc:
+        detail = str(exc).replace(str(expected), expected.name)
+        detail = detail.replace("; was it saved completely? Re-download it or restore it from git", "")
+        return (f"unreadable: {detail}. The file was cut off or edited outside Jupyter; ask the student "
+                "to submit it again (grade-class then grades the new file)")
+    return None
+
+
+# grades.csv's `status`: what a row's score means (an upload can filter on it).
+STATUS_GRADED, STATUS_MANUAL, STATUS_NOT_GRADED, STATUS_NOT_SUBMITTED = (
+    "graded", "needs manual grading", "not graded", "not submitted")
+SCORE_COLUMNS = ("raw_score", "score")
+
+
+def status_of(result: Result | None) -> str:
+    if result is None:
+        return STATUS_NOT_SUBMITTED
+    if not result.graded:
+        return STATUS_NOT_GRADED
+    return STATUS_MANUAL if "needs manual grading" in result.flags else STATUS_GRADED
+
+
 def add_flags_column(csv_path: Path, results: dict[str, list[Result]]) -> None:
-    """Add (or refill) a `flags` column to nbgrader's exported CSV, one row per submission."""
-    flags = {(r.assignment, r.student): "; ".join(r.flags) for rs in results.values() for r in rs}
+    """Add (or refill) the `status` and `flags` columns of nbgrader's exported CSV, one row
+    per submission. nbgrader exports 0.0 for a submission it could not grade, the score a
+    correct student whose file could not be read would then get in an LMS: such a row's
+    scores are left empty, and its status says "not graded" (Formgrader shows the same
+    submission as "needs autograding"). A student without a submission keeps nbgrader's 0,
+    with status "not submitted"."""
+    by_key = {(r.assignment, r.student): r for rs in results.values() for r in rs}
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     if not rows:
         return
-    fields = [k for k in rows[0] if k != "flags"] + ["flags"]
+    fields = [k for k in rows[0] if k not in ("status", "flags")] + ["status", "flags"]
     # nbgrader lists students in the database's order, which differs between runs and
     # servers: by assignment (nbgrader's order), then student id.
     order = {name: i for i, name in enumerate(dict.fromkeys(r.get("assignment") for r in rows))}
     rows.sort(key=lambda r: (order[r.get("assignment")], r.get("student_id") or ""))
     for row in rows:
-        row["flags"] = flags.get((row.get("assignment"), row.get("student_id")), row.get("flags", ""))
+        result = by_key.get((row.get("assignment"), row.get("student_id")))
+        row["status"] = status_of(result)
+        row["flags"] = "; ".join(result.flags) if result else row.get("flags", "")
+        if row["status"] == STATUS_NOT_GRADED:
+            for column in SCORE_COLUMNS:
+                if column in row:
+                    row[column] = ""
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()

@@ -14,7 +14,7 @@ from nbconvert.exporters.exporter import ResourcesDict
 from nbformat import v4
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
-from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
 from traitlets import Bool, Integer, List, Unicode
 
 from coursetools.grading import execute, guard, hints, review
@@ -302,6 +302,72 @@ def preflight_hook(**_kwargs) -> None:
         raise SystemExit(f"error: {exc}") from exc
     if seconds:
         app.log.info("preflight: a sandboxed kernel started and imported torch in %.1f s", seconds)
+
+
+class OverwriteCellsQuietly(OverwriteCells):
+    """nbgrader's OverwriteCells (locked cells restored from the gradebook, deleted grade cells
+    added back: `add_missing_cells`), without its false alarm. Every test cell with hidden
+    tests reaches the grader without them (the release cleared them), so nbgrader logged
+    "Attribute 'checksum' for cell test_... has changed!" for each: 7 lines per submission of
+    chapter 01, honest or blank alike, burying the lines that matter. A locked cell exactly as
+    released (its checksum is the one the release computed) is restored without a warning; an
+    edited one is still reported, and the summary flags it from the release file itself
+    (coursetools/instructor/classroom.py, _cell_changes)."""
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        meta = cell.metadata.get("nbgrader", {})
+        self._as_released = bool(meta.get("checksum")) and utils.compute_checksum(cell) == meta.get("checksum")
+        return super().preprocess_cell(cell, resources, cell_index)
+
+    def report_change(self, name, attr, old, new):
+        if attr == "checksum" and getattr(self, "_as_released", False):
+            self.log.debug("cell %s as released: its hidden tests restored", name)
+            return
+        super().report_change(name, attr, old, new)
+
+
+ANSWER_STUBS = {"code": notebooks.CODE_STUB, "markdown": "YOUR ANSWER HERE"}
+
+
+class RestoreDeletedAnswers(NbGraderPreprocessor):
+    """An answer cell the student deleted comes back empty (the release's stub), where the
+    release had it. nbgrader adds back deleted grade cells (tests, manually graded answers),
+    never an autograded answer cell, so the tests after it met a notebook without it; now the
+    notebook is graded as if the question were unanswered, and the summary flags it
+    ("deleted answer cell ... (restored empty)", classroom._cell_changes). The stub, never the
+    gradebook's source (which holds the solution), is what comes back."""
+
+    def preprocess(self, nb, resources):
+        from nbgrader.api import Gradebook
+        from nbgrader.nbgraderformat import MetadataValidator
+
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gb:
+            source = gb.find_notebook(info["notebook"], info["assignment"])
+            order = [(c.name, c.cell_type) for c in source.source_cells]
+            graded = {c.name for c in source.grade_cells}
+            answers = [c.name for c in source.solution_cells if c.name not in graded]
+        present = {c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells}
+        names = [name for name, _ in order]
+        types = dict(order)
+        for name in (n for n in names if n in answers and n not in present):
+            cell = NotebookNode({
+                "cell_type": types[name], "metadata": {"nbgrader": {
+                    "grade": False, "grade_id": name, "locked": False, "solution": True, "task": False,
+                    "schema_version": 3}},
+                "source": ANSWER_STUBS.get(types[name], "")})
+            if types[name] == "code":
+                cell["execution_count"], cell["outputs"] = None, []
+            cell = MetadataValidator().upgrade_cell_metadata(cell)
+            before = names[:names.index(name)]
+            index = 0
+            for i, existing in enumerate(nb.cells):
+                if existing.metadata.get("nbgrader", {}).get("grade_id") in before:
+                    index = i + 1
+            nb.cells.insert(index, cell)
+            self.log.warning("Answer cell %s was deleted from the submission: restored empty (graded as "
+                             "unanswered)", name)
+        return nb, resources
 
 
 class ClearHiddenTestsSafely(ClearHiddenTests):

@@ -109,6 +109,13 @@ def class_of_01(course_root):
     deleted = solved()
     deleted.cells.remove(_cell(deleted, "test_common_device"))
     cases["deleted-test"] = (deleted, [], ["deleted test_common_device (restored)"])
+    # Issue 37: a deleted answer cell comes back empty (graded as unanswered) and is flagged; a
+    # notebook saved under another name (a browser's "(1)") is graded under its own, flagged.
+    no_answer = solved()
+    no_answer.cells.remove(_cell(no_answer, "common_device"))
+    cases["deleted-answer"] = (no_answer, ["test_common_device", "test_common_device_scalars"],
+                               ["deleted answer cell common_device (restored empty"])
+    cases["renamed"] = (solved(), [], [f"graded '{A1} (1).ipynb' as {A1}.ipynb"])
     edited = fixtures.fill(_release(A1), {**full, **_fixture(A1, "pick_device_hardcodes_cpu").answers})
     _cell(edited, "test_pick_device_auto").source = "pass  # trust me"
     _cell(edited, "test_pick_device_named").source = "assert True"
@@ -445,6 +452,8 @@ def graded_class(tmp_path_factory, request):
     link = course.submission_path("symlink", A1).parent / H.SYMLINK_NAME
     link.symlink_to(course.root / "solutions" / A1 / f"{A1}.ipynb")
     sources_before = _tree_digest(course.root / "solutions")
+    renamed = course.submission_path("renamed", A1)
+    renamed.rename(renamed.with_name(f"{A1} (1).ipynb"))
     bad = course.submission_path("invalid-json", A1)
     bad.parent.mkdir(parents=True)
     bad.write_text('{"cells": [ this is not JSON')
@@ -502,7 +511,8 @@ STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "
                "inspect-closures", "formatter-fields", "tensor-alias", "spoof-device", "traceback-frames",
                "html-entities",
                "closure-key", "closure-key-now", "session-send", "magic-number", "frame-leak",
-               "str-device-as-torch", "huge-error", "user-get-ipython", "non-callable", "symlink"]
+               "str-device-as-torch", "huge-error", "user-get-ipython", "non-callable", "symlink",
+               "deleted-answer", "renamed"]
 STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash"]
 # Issue 32's attacks: graded for their score; the review may or may not flag them.
 ANY_REVIEW = {"inspect-closures", "formatter-fields", "tensor-alias", "spoof-device", "traceback-frames",
@@ -772,6 +782,25 @@ def test_grades_csv_has_every_graded_submission(graded_class):
     assert float(by_student[(A1, "correct")]["score"]) == _expected(A1, [])[0]
     assert float(by_student[(A1, "blank")]["score"]) == 0
     assert (A2, "partial") in by_student
+    # Issue 37: what an instructor uploads. A submission nbgrader could not grade has no score
+    # (nbgrader's export says 0.0), and its status says why; the others say "graded".
+    broken = by_student[(A1, "invalid-json")]
+    assert broken["status"] == "not graded" and broken["score"] == "" == broken["raw_score"], broken
+    assert by_student[(A1, "correct")]["status"] == by_student[(A1, "blank")]["status"] == "graded"
+    assert float(by_student[(A1, "renamed")]["score"]) == _expected(A1, [])[0]
+    ungraded = [k for k, r in by_student.items() if r["status"] == "not graded"]
+    assert ungraded == [(A1, "invalid-json")], ungraded
+
+
+def test_grading_log_says_only_what_matters(graded_class):
+    """Issue 37: nbgrader logged "Attribute 'checksum' for cell test_... has changed!" 7 times
+    for every submission of 01, honest or blank, because the release clears hidden tests. Only a
+    test cell the student edited is still reported."""
+    log = (graded_class["course"].root / "grading.log").read_text(encoding="utf-8", errors="replace")
+    cells = set(re.findall(r"Attribute 'checksum' for cell (\S+) has changed", log))
+    assert cells, "the edited test cells are no longer reported at all"
+    assert cells <= {"test_pick_device_auto", "test_pick_device_named"}, sorted(cells)
+    assert "Answer cell common_device was deleted" in log
 
 
 @needs_sandbox

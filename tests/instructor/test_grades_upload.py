@@ -1,0 +1,79 @@
+"""Grades an instructor can upload (issue 37, item 4): a submission that could not be graded
+has no score in grades.csv and says so in its `status`; a renamed notebook is graded under its
+expected name, with a flag; messages about unreadable files speak to the instructor."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+
+from coursetools import layout
+from coursetools.instructor import classroom
+
+A1 = layout.assignments()[0]
+pytestmark = pytest.mark.timeout(60)
+
+
+def _csv(path, rows):
+    fields = ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
+              "raw_score", "late_submission_penalty", "score", "max_score"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in fields})
+
+
+def test_a_not_graded_submission_has_no_score_and_a_status(tmp_path):
+    path = tmp_path / "grades.csv"
+    _csv(path, [dict(assignment=A1, student_id=s, raw_score="0.0", score="0.0", max_score="26.0")
+                for s in ("broken", "fine", "absent", "manual")])
+    results = {A1: [classroom.Result("broken", A1, None, 26.0, ["NOT GRADED: ..."]),
+                    classroom.Result("fine", A1, 26.0, 26.0, []),
+                    classroom.Result("manual", A1, 20.0, 26.0, ["needs manual grading"])]}
+    classroom.add_flags_column(path, results)
+    rows = {r["student_id"]: r for r in csv.DictReader(open(path))}
+    assert rows["broken"]["status"] == "not graded" and rows["broken"]["score"] == "" == rows["broken"]["raw_score"]
+    assert rows["fine"]["status"] == "graded" and rows["fine"]["score"] == "0.0"   # (nbgrader's number, kept)
+    assert rows["absent"]["status"] == "not submitted"
+    assert rows["manual"]["status"] == "needs manual grading"
+    assert list(rows["fine"])[-2:] == ["status", "flags"]
+
+
+def test_a_renamed_notebook_is_graded_under_its_name_and_named(tmp_path):
+    release = layout.release_notebook(A1)
+    folder = tmp_path / "submitted" / "alice" / A1
+    folder.mkdir(parents=True)
+    shutil.copyfile(release, folder / f"{A1} (1).ipynb")
+    assert classroom.adopt_renamed(folder, A1, release) == f"{A1} (1).ipynb"
+    assert (folder / f"{A1}.ipynb").read_bytes() == release.read_bytes()
+    assert classroom.renamed_from(folder, A1) == f"{A1} (1).ipynb"
+    assert classroom.submission_problem(folder, A1) is None
+    # Two candidates: nothing is guessed, the message names them and the fix.
+    other = tmp_path / "submitted" / "bob" / A1
+    other.mkdir(parents=True)
+    for name in ("a.ipynb", "b.ipynb"):
+        shutil.copyfile(release, other / name)
+    assert classroom.adopt_renamed(other, A1, release) is None
+    problem = classroom.submission_problem(other, A1)
+    assert "'a.ipynb', 'b.ipynb'" in problem and f"rename the one to grade to {A1}.ipynb" in problem
+    # Another assignment's notebook is not adopted.
+    stray = tmp_path / "submitted" / "carol" / A1
+    stray.mkdir(parents=True)
+    (stray / "notes.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}))
+    assert classroom.adopt_renamed(stray, A1, release) is None
+
+
+def test_an_unreadable_file_is_explained_to_the_instructor(tmp_path):
+    folder = tmp_path / A1
+    folder.mkdir()
+    (folder / f"{A1}.ipynb").write_text('{"cells": [ this is not JSON')
+    problem = classroom.submission_problem(folder, A1)
+    assert "not valid JSON" in problem and "ask the student to submit it again" in problem
+    assert "restore it from git" not in problem and str(tmp_path) not in problem
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "holds no notebook" in classroom.submission_problem(empty, A1)
