@@ -16,18 +16,18 @@ if _ROOT not in sys.path:
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (  # noqa: E402
     AssignLatePenalties, ClearHiddenTests, ClearMarkScheme, ClearOutput, ClearSolutions,
-    CheckCellMetadata, ComputeChecksums, GetGrades, IgnorePattern, IncludeHeaderFooter,
-    InstantiateTests, LimitOutput, LockCells, SaveAutoGrades, SaveCells,
+    CheckCellMetadata, ComputeChecksums, DeduplicateIds, GetGrades, IgnorePattern, IncludeHeaderFooter,
+    InstantiateTests, LimitOutput, LockCells, OverwriteKernelspec, SaveAutoGrades, SaveCells,
 )
 
 from coursetools.grading.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
+from coursetools.instructor import exchange  # noqa: E402
 from coursetools.instructor.nbgrader_ext import (  # noqa: E402
-    FEEDBACK_FILTERS, ClearHiddenTestsSafely, ResilientExecute, SafeOutputs, TagStubCells, feedback_template_dirs,
-    preflight_hook,
+    FEEDBACK_FILTERS, ClearHiddenTestsSafely, OverwriteCellsQuietly, ResilientExecute, RestoreDeletedAnswers,
+    SafeOutputs, TagStubCells, feedback_template_dirs, preflight_hook,
 )
 
 c.CourseDirectory.root = _ROOT
-c.CourseDirectory.course_id = "pytorch-devices"
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "exercises"
 # Every student-visible cell keeps its place; locked cells are restored on grading.
@@ -38,8 +38,14 @@ c.GenerateAssignment.preprocessors = [
     CheckCellMetadata, ComputeChecksums, SaveCells, ClearHiddenTests, ClearMarkScheme,
     ComputeChecksums, CheckCellMetadata, TagStubCells,
 ]
-# A deleted test cell comes back from the gradebook instead of leaving a hole.
+# A deleted test cell comes back from the gradebook instead of leaving a hole (nbgrader's
+# OverwriteCells, quiet about test cells that arrive as released: OverwriteCellsQuietly); a
+# deleted answer cell comes back empty (RestoreDeletedAnswers). See nbgrader_ext.py.
 c.OverwriteCells.add_missing_cells = True
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCellsQuietly, RestoreDeletedAnswers,
+    CheckCellMetadata,
+]
 
 # Autograding: nbgrader's steps, with Execute replaced by ResilientExecute (a crash or a
 # hang costs one cell, not the notebook; the kernel runs sandboxed; a test's result comes
@@ -82,17 +88,10 @@ c.HTMLExporter.filters = dict(FEEDBACK_FILTERS)
 # One machine: nbgrader's exchange is local-exchange/ in the course (git-ignored), so that
 # release -> fetch (as a student) -> submit -> collect -> autograde work before a class
 # server exists (`make.py lab --instructor` shows Formgrader's release and collect and the
-# Assignments tab). On JupyterHub, replace these four lines with the hub's shared exchange
-# (README, "Large classes"): this file is read after the hub's global nbgrader config, so
-# a setting left here would win over it.
-_LOCAL_EXCHANGE = os.path.join(_ROOT, "local-exchange")
-c.Exchange.root = os.path.join(_LOCAL_EXCHANGE, "exchange")      # what the instructor releases and collects
-c.Exchange.cache = os.path.join(_LOCAL_EXCHANGE, "cache")        # the student side's record of submissions
-c.Exchange.assignment_dir = os.path.join(_LOCAL_EXCHANGE, "student")  # where a student fetches to
-try:
-    os.makedirs(c.Exchange.root, exist_ok=True)  # nbgrader needs the folder to exist
-except OSError:
-    pass  # a read-only checkout: release and collect then say the exchange is missing
+# Assignments tab; `make.py lab --student NAME` is one student). On JupyterHub, delete this
+# line and use the hub's shared exchange (docs/INSTRUCTORS.md, "A class on JupyterHub"): this
+# file is read after the hub's global nbgrader config, so a setting left here would win over it.
+exchange.configure(c, _ROOT)
 
 # zip_collect: files named <student_id>__<notebook>.ipynb (e.g. from an LMS download).
 c.FileNameCollectorPlugin.named_regexp = (

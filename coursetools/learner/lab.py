@@ -2,6 +2,7 @@
 
     python3 make.py lab                 learner mode: your own copies of the notebooks
     python3 make.py lab --instructor    instructor mode: the repository itself, with Formgrader
+    python3 make.py lab --student NAME  student mode: one student of a class on this machine
 
 **Learner mode** (the default) copies every lesson and exercise into `work/`, a git-ignored
 folder, the first time (as nbgrader's "fetch" does), serves that folder and opens
@@ -22,6 +23,16 @@ course's source. nbgrader's exchange is `local-exchange/` in the course (git-ign
 nbgrader_config.py, made here if missing), so an instructor can release in Formgrader, fetch
 and submit as a student in the Assignments tab (into `local-exchange/student/`), collect and
 grade, all on one machine; a class server replaces it (docs/INSTRUCTORS.md, "Large classes").
+
+**Student mode** (`--student NAME`) is one student of a class that shares this machine, as
+on a hub: the Assignments tab on, Formgrader and Create Assignment off, the server in the
+student's own folder `local-exchange/students/NAME/`, where fetched assignments land, and
+nbgrader's student id NAME (coursetools/instructor/exchange.py). Several students can each run
+it, on their own ports, and each sees only their own submissions and feedback. Student mode is
+the hub's student view: the Jupyter configuration a hub puts in /etc/jupyter
+(`deploy/jupyterhub/etc-jupyter/`: which extensions a student sees), under
+`jupyter-config/student/nbgrader_config.py`, which puts the exchange in local-exchange/ (a hub's
+is a shared folder); the course's own config is not read.
 
 Both modes use JupyterLab's and Jupyter Server's own configuration files, found through
 JUPYTER_CONFIG_PATH: `jupyter-config/<mode>/` (page_config.json disables lab plugins,
@@ -62,9 +73,10 @@ EXERCISE_SUFFIX = "_exercise"
 # (their Chinese versions, zh/..., into work/zh/ with --lang zh).
 REFERENCES = ("CHEATSHEET.md", "docs/MYTHS.md", "docs/LEARNERS.md")
 CONFIG_DIR = "jupyter-config"
-MODES = ("learner", "instructor")
+MODES = ("learner", "instructor", "student")
 ZH = "zh"  # the Chinese edition's folder, in the repository and in work/
 LOCAL_EXCHANGE = "local-exchange"  # nbgrader's exchange on one machine (nbgrader_config.py)
+HUB_ETC = "deploy/jupyterhub/etc-jupyter"  # what a class hub puts in /etc/jupyter (docs/INSTRUCTORS.md)
 
 
 def work_dir(root: Path = layout.ROOT) -> Path:
@@ -279,6 +291,8 @@ def server_env(root: Path, mode: str, base: dict[str, str] | None = None,
 
     prepend("JUPYTER_PATH", prefix / "share" / "jupyter")
     configs = [root / CONFIG_DIR / mode, root / CONFIG_DIR / "common"]
+    if mode == "student":  # a hub's student view (its /etc/jupyter), with the local exchange on top
+        configs.insert(1, root / HUB_ETC)
     if lang == ZH:
         configs.insert(0, root / CONFIG_DIR / ZH)
     prepend("JUPYTER_CONFIG_PATH", *configs)
@@ -287,14 +301,25 @@ def server_env(root: Path, mode: str, base: dict[str, str] | None = None,
     return env
 
 
-def command(root: Path = layout.ROOT, *, instructor: bool = False,
+def command(root: Path = layout.ROOT, *, instructor: bool = False, student: str | None = None,
             extra_args: list[str] | tuple[str, ...] = (), lang: str = "en") -> LabCommand:
     """Prepare (learner mode: bring work/ up to date) and build the `jupyter lab` command
     that `make.py lab` runs. The browser test starts its server from this, too."""
-    mode = "instructor" if instructor else "learner"
+    from coursetools.instructor import exchange
+
+    if instructor and student:
+        raise ValueError("--instructor and --student are two modes: choose one")
+    mode = "instructor" if instructor else "student" if student else "learner"
+    extra_env: dict[str, str] = {}
     if instructor:
         serve_root, report, first = root, None, []
+        for sub in ("exchange", "student"):  # the exchange, and the instructor's own fetch folder
+            (root / LOCAL_EXCHANGE / sub).mkdir(parents=True, exist_ok=True)
+    elif student:
+        serve_root, report, first = Path(exchange.student_dir(str(root), student)), None, []
+        serve_root.mkdir(parents=True, exist_ok=True)
         (root / LOCAL_EXCHANGE / "exchange").mkdir(parents=True, exist_ok=True)
+        extra_env[exchange.STUDENT_ENV] = student
     else:
         report = sync(root, lang)
         serve_root = work_dir(root)
@@ -304,8 +329,9 @@ def command(root: Path = layout.ROOT, *, instructor: bool = False,
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")  # containers and cloud shells run as root
     argv += list(extra_args)
-    # nbgrader reads nbgrader_config.py from the server's working folder.
-    return LabCommand(argv, server_env(root, mode, lang=lang), serve_root, serve_root, report)
+    # nbgrader reads nbgrader_config.py from the server's working folder (and, for the
+    # Assignments tab, from JUPYTER_CONFIG_PATH: jupyter-config/<mode>/nbgrader_config.py).
+    return LabCommand(argv, {**server_env(root, mode, lang=lang), **extra_env}, serve_root, serve_root, report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,11 +340,22 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Other arguments go to `jupyter lab`, e.g. --port 8890 or --no-browser.")
     parser.add_argument("--instructor", action="store_true",
                         help="serve the repository itself, with nbgrader's Formgrader")
+    parser.add_argument("--student", metavar="NAME",
+                        help="one student of a class on this machine: the Assignments tab, fetching "
+                             "into local-exchange/students/NAME/ (try the class before a hub exists)")
     parser.add_argument("--lang", choices=("en", ZH), default="en",
                         help="zh: the Chinese edition (notebooks in work/zh/, JupyterLab in Chinese)")
     args, rest = parser.parse_known_args(argv)
     i18n.set_language(args.lang)
-    cmd = command(layout.ROOT, instructor=args.instructor, extra_args=rest, lang=args.lang)
+    from coursetools.instructor import exchange
+
+    try:
+        if args.student:
+            exchange.valid_student(args.student)
+        cmd = command(layout.ROOT, instructor=args.instructor, student=args.student, extra_args=rest,
+                      lang=args.lang)
+    except ValueError as exc:
+        parser.error(str(exc))
     edition = f"{ZH}/" if args.lang == ZH else ""
     exercise = f"{WORK_DIR}/{edition}exercises/01_device_basics/01_device_basics{EXERCISE_SUFFIX}.ipynb"
     if cmd.report is not None:
@@ -327,6 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(cmd.report.lines()))
         print(tr("Check an exercise: python3 make.py check {exercise} "
                  "(instructors: python3 make.py lab --instructor)").format(exercise=exercise))
+    elif args.student:
+        print(tr("Student mode: you are {name}. The Assignments tab fetches into {folder}/ and submits "
+                 "to this machine's exchange (release an assignment first: python3 make.py lab "
+                 "--instructor, Formgrader).").format(
+                     name=args.student, folder=Path(cmd.serve_root).relative_to(layout.ROOT)))
     else:
         print(tr("Instructor mode: serving the repository itself (edits change the course). "
                  "Nbgrader > Formgrader manages and grades the assignments."))

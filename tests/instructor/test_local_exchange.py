@@ -44,7 +44,7 @@ def test_the_course_config_points_the_exchange_into_the_course(tmp_path):
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     assert config.Exchange.root == str(course / "local-exchange" / "exchange")
     assert config.Exchange.assignment_dir == str(course / "local-exchange" / "student")
-    assert config.Exchange.cache == str(course / "local-exchange" / "cache")
+    assert config.Exchange.cache == str(course / "local-exchange" / "cache" / "instructor")
     assert (course / "local-exchange" / "exchange").is_dir(), "nbgrader needs the exchange folder to exist"
     ignored = subprocess.run(["git", "check-ignore", "-q", "local-exchange/exchange/x"], cwd=layout.ROOT)
     assert ignored.returncode == 0, "local-exchange/ must be git-ignored"
@@ -97,4 +97,35 @@ def test_release_fetch_submit_collect_autograde_on_one_machine(tmp_path):
     total = sum(notebooks.points(c) for c in notebooks.test_cells(notebooks.read(layout.source_notebook(A))))
     assert (result["score"], result["max_score"]) == (total, total), result
     assert not os.path.exists(tmp_path / "jupyter-data" / "nbgrader_cache"), \
-        "the student's cache belongs in local-exchange/cache on one machine"
+        "the student's cache belongs in local-exchange/cache/ on one machine"
+
+
+def test_a_class_servers_global_config_wins_over_the_local_exchange(tmp_path, monkeypatch):
+    """On a hub, /etc/jupyter/nbgrader_config.py (deploy/jupyterhub/etc-jupyter/) sets the shared
+    exchange for every user; the course's nbgrader_config.py, read after it, then sets nothing,
+    so the same checkout works on a laptop and on the hub (issue 37). The course's own
+    jupyter-config/ files and a user's ~/.jupyter do not count as a server's."""
+    from coursetools.instructor import exchange
+    from traitlets.config import Config
+
+    course = tmp_path / "course"
+    own = course / "jupyter-config" / "student"
+    own.mkdir(parents=True)
+    (own / "nbgrader_config.py").write_text("c = get_config()\n")
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", str(own))
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "home-jupyter"))
+    (tmp_path / "home-jupyter").mkdir()
+    (tmp_path / "home-jupyter" / "nbgrader_config.py").write_text("c = get_config()\n")
+    c = Config()
+    assert exchange.server_config(str(course)) is None
+    exchange.configure(c, str(course))
+    assert c.Exchange.root == str(course / "local-exchange" / "exchange")
+
+    hub = tmp_path / "etc-jupyter"
+    hub.mkdir()
+    (hub / "nbgrader_config.py").write_text("c = get_config()\n")
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", os.pathsep.join([str(own), str(hub)]))
+    assert exchange.server_config(str(course)) == str(hub / "nbgrader_config.py")
+    c = Config()
+    exchange.configure(c, str(course))
+    assert "Exchange" not in c and "CourseDirectory" not in c, c

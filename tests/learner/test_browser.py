@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ from coursetools.learner import lab
 from coursetools import layout, notebooks
 
 from browser_support import chromium_page, corner_pixel, screenshot_around  # tests/ is on sys.path (tests/conftest.py)
+from course_copy import checkout_copy, free_port, git
 
 ROOT = layout.ROOT
 NOTEBOOK = lab.FIRST_NOTEBOOK
@@ -55,33 +55,6 @@ RUN_ALL_MS = 300_000   # the notebook runs in ~10 s; a busy CI machine may be mu
 AUTOSAVE_S = 10        # the test's autosave interval (JupyterLab's default is 120 s)
 STDERR_MIME = "application/vnd.jupyter.stderr"  # JupyterLab renders errors and stderr so
 CHAPTER = "01_device_basics"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.org", *args],
-                          cwd=cwd, check=True, capture_output=True, text=True).stdout
-
-
-def checkout_copy(dest: Path) -> Path:
-    """The repository as a fresh clone of the working tree would be: every file git tracks
-    or would add (not the ignored ones: no .venv, no work/), committed in a new repository."""
-    listed = git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
-    for rel in filter(None, listed):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    git(dest, "init", "-q")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "course")
-    assert git(dest, "status", "--porcelain") == ""
-    return dest
 
 
 def scratch_env(scratch: Path, autosave_s: int | None) -> dict[str, str]:
@@ -105,7 +78,7 @@ class LabServer:
     """`make.py lab`'s server (coursetools.learner.lab.command) on a free loopback port; a recording
     "browser" keeps the address it asks to open. Always stopped by `stop()`."""
 
-    def __init__(self, root: Path, scratch: Path, *, instructor: bool = False,
+    def __init__(self, root: Path, scratch: Path, *, instructor: bool = False, student: str | None = None,
                  autosave_s: int | None = None):
         self.port = free_port()
         self.token = secrets.token_hex(24)
@@ -118,7 +91,7 @@ class LabServer:
                  f"--ServerApp.token={self.token}",
                  f"--ServerApp.browser={sys.executable} {recorder} {self.opened} %s"]
         self.started = time.perf_counter()
-        self.cmd = lab.command(root, instructor=instructor, extra_args=extra)
+        self.cmd = lab.command(root, instructor=instructor, student=student, extra_args=extra)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd.argv, cwd=self.cmd.cwd,
                                      env={**self.cmd.env, **scratch_env(scratch, autosave_s)},
@@ -186,9 +159,10 @@ def server_factory(tmp_path):
     """Start `make.py lab`'s server over a fresh checkout copy; stopped after the test."""
     started: list[LabServer] = []
 
-    def start(**kw) -> LabServer:
-        checkout = checkout_copy(tmp_path / "checkout")
-        scratch = tmp_path / "scratch"
+    def start(checkout: Path | None = None, **kw) -> LabServer:
+        """A server over a fresh checkout copy, or over `checkout` (several servers of one class)."""
+        checkout = checkout or checkout_copy(tmp_path / "checkout")
+        scratch = tmp_path / f"scratch-{len(started)}" if started else tmp_path / "scratch"
         scratch.mkdir()
         server = LabServer(checkout, scratch, **kw)
         server.checkout = checkout
@@ -570,6 +544,85 @@ def test_instructor_mode_formgrader_lists_and_links(chromium, server_factory, tm
                 if line.startswith("[C ")]
     assert not critical, f"the server logged a critical error: {critical}"
     print(f"Formgrader lists {', '.join(names)}; screenshot {shot}")
+
+
+def _nbgrader(checkout: Path, *args: str) -> str:
+    """One of nbgrader's own commands, as the instructor runs it in the course folder."""
+    from coursetools.author.nbgrader_course import nbgrader_env
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=checkout,
+                          env={**nbgrader_env(), "PYTHONPATH": str(checkout)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"nbgrader {' '.join(args)}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def open_assignments_tab(page, server: LabServer, tmp_path: Path, shot_name: str):
+    """Open the server's JupyterLab and its Nbgrader > Assignment List; wait until the released
+    list has loaded (the tab used to sit on "Loading, please wait..." on a fresh clone)."""
+    page.goto(server.wait_ready(), timeout=PAGE_LOAD_MS)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).click()
+    page.get_by_role("menuitem", name="Assignment List", exact=True).click()
+    released = page.locator("#released_assignments_list")
+    try:
+        released.locator(".list_item:visible, #released_assignments_list_placeholder:visible").first.wait_for(timeout=PAGE_LOAD_MS)
+    except Exception:
+        shot = screenshot(page, tmp_path, shot_name)
+        pytest.fail(f"the Assignments tab did not load ({shot}); server log:\n{server.log()}")
+    errors = page.locator(".alert-danger:visible")
+    assert errors.count() == 0, f"the Assignments tab shows an error: {errors.all_inner_texts()}"
+    return page
+
+
+def _click_in_row(page, listing: str, name: str, button: str) -> None:
+    row = page.locator(f"#{listing} .list_item:not(.nested_list_item)", has_text=name)
+    row.get_by_role("button", name=button, exact=True).click()
+
+
+def test_students_fetch_and_submit_in_the_assignments_tab(chromium, server_factory, tmp_path):
+    """Issue 37: several students on one machine, each in `make.py lab --student NAME`, fetch
+    and submit through nbgrader's Assignments tab from a fresh clone; each sees only their own
+    submission; the instructor collects both without an owner warning."""
+    page = chromium
+    checkout = checkout_copy(tmp_path / "checkout")
+    _nbgrader(checkout, "generate_assignment", CHAPTER, "--force")
+    _nbgrader(checkout, "release_assignment", CHAPTER)
+    answers = fixtures.reference_answers(notebooks.read(layout.source_notebook(CHAPTER, checkout)))
+    shots, servers = [], {}
+    for student in ("alice", "bob"):
+        server = server_factory(checkout=checkout, student=student)
+        open_assignments_tab(page, server, tmp_path, f"jupyterlab-assignments-{student}-failed.png")
+        _click_in_row(page, "released_assignments_list", CHAPTER, "Fetch")
+        page.locator("#fetched_assignments_list .list_item:not(.nested_list_item)", has_text=CHAPTER).wait_for(timeout=PAGE_LOAD_MS)
+        fetched = server.cmd.serve_root / CHAPTER / f"{CHAPTER}.ipynb"
+        assert fetched.is_file(), f"{student}'s fetch did not land in {server.cmd.serve_root}"
+        if student == "alice":  # alice answers every question; bob submits the notebook as fetched
+            notebooks.write(fixtures.fill(notebooks.read(fetched), answers), fetched)
+        _click_in_row(page, "fetched_assignments_list", CHAPTER, "Submit")
+        page.locator("#submitted_assignments_list .list_item:not(.nested_list_item)", has_text=CHAPTER).wait_for(timeout=PAGE_LOAD_MS)
+        servers[student] = server
+        critical = [line for line in server.log_path.read_text(errors="replace").splitlines()
+                    if line.startswith(("[C ", "[E "))]
+        assert not critical, f"{student}'s server logged errors: {critical}"
+    # Both have submitted: each student's tab lists their own submission only.
+    for student, server in servers.items():
+        open_assignments_tab(page, server, tmp_path, f"jupyterlab-assignments-{student}-failed.png")
+        submitted = page.locator("#submitted_assignments_list .list_item:not(.nested_list_item)", has_text=CHAPTER)
+        submitted.first.wait_for(timeout=PAGE_LOAD_MS)
+        shots.append(screenshot(page, tmp_path, f"jupyterlab-assignments-{student}.png"))
+        assert submitted.count() == 1, f"{student} sees {submitted.count()} submissions ({shots[-1]})"
+    inbound = sorted(p.name.split("+")[0] for p in
+                     (checkout / "local-exchange" / "exchange" / "pytorch-devices" / "inbound").iterdir())
+    assert inbound == ["alice", "bob"], inbound
+    said = _nbgrader(checkout, "collect", CHAPTER)
+    assert "cheating attempt" not in said, said
+    for student in ("alice", "bob"):
+        assert (checkout / "submitted" / student / CHAPTER / f"{CHAPTER}.ipynb").is_file(), said
+    for student, expected in (("alice", answers), ("bob", {})):
+        cells = {notebooks.grade_id(c): c.source for c in notebooks.read(
+            checkout / "submitted" / student / CHAPTER / f"{CHAPTER}.ipynb").cells}
+        assert all(cells[k] == v for k, v in expected.items()), f"{student}'s submission is not what they saved"
+        assert expected or "raise NotImplementedError()" in cells["pick_device"], "bob's submission is not his blank copy"
+    print(f"alice and bob fetched and submitted {CHAPTER} in the Assignments tab; screenshots {shots}")
 
 
 def test_gpu_record_block_renders_in_jupyterlab(chromium, server_factory, tmp_path):

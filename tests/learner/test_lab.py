@@ -209,6 +209,24 @@ def test_each_mode_uses_jupyters_own_configuration(tmp_path):
     news = load("common", "labconfig", "default_setting_overrides.json")["@jupyterlab/apputils-extension:notification"]
     assert news == {"fetchNews": "false", "checkForUpdates": False}
 
+    # Student mode (issue 37) is a hub's student view, /etc/jupyter as deploy/jupyterhub/etc-jupyter
+    # has it, under the local exchange's nbgrader config; the hub gives instructors Formgrader on top.
+    shutil.copytree(ROOT / lab.HUB_ETC, root / lab.HUB_ETC)
+    student = lab.command(root, student="alice")
+    assert student.serve_root == root / "local-exchange" / "students" / "alice" and student.report is None
+    assert student.env["JUPYTER_CONFIG_PATH"].split(os.pathsep)[:3] == [
+        str(root / lab.CONFIG_DIR / "student"), str(root / lab.HUB_ETC), str(root / lab.CONFIG_DIR / "common")]
+    assert student.env["COURSE_STUDENT"] == "alice"
+    hub = ROOT / lab.HUB_ETC
+    seen = json.loads((hub / "jupyter_server_config.json").read_text())["ServerApp"]["jpserver_extensions"]
+    assert seen["nbgrader.server_extensions.assignment_list"] and not seen["nbgrader.server_extensions.formgrader"]
+    hidden = json.loads((hub / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
+    assert hidden["@jupyter/nbgrader:formgrader"] and hidden["@jupyter/nbgrader:create-assignment"]
+    teacher = json.loads((hub / "instructor" / "jupyter_server_config.json").read_text())["ServerApp"]
+    assert teacher["jpserver_extensions"]["nbgrader.server_extensions.formgrader"]
+    with pytest.raises(ValueError, match="two modes"):
+        lab.command(root, instructor=True, student="alice")
+
 
 def test_new_chapter_and_release_write_valid_notebooks(tmp_path):
     """`make.py new-chapter` and `make.py release`, in a scratch copy of the repository:
