@@ -98,6 +98,21 @@ def torch_in_range(py: Path) -> bool:
     return subprocess.run([str(py), "-c", code], capture_output=True).returncode == 0
 
 
+def torch_spec_wanted() -> str:
+    return os.environ.get("TORCH_SPEC", f"torch=={tested_torch()}")
+
+
+def layers(dev: bool) -> list[tuple[Path, Path, str]]:
+    """(requirements file, its stamp, the digest the stamp holds once installed) for each layer
+    of .venv: the course's packages, and with `dev` the tests' on top."""
+    out, base_digest = [], ""
+    for requirements, stamp in [(REQUIREMENTS, STAMP)] + ([(DEV_REQUIREMENTS, DEV_STAMP)] if dev else []):
+        base_digest = hashlib.sha256(
+            base_digest.encode() + requirements.read_bytes() + torch_spec_wanted().encode()).hexdigest()
+        out.append((requirements, stamp, base_digest))
+    return out
+
+
 def ensure_env(dev: bool) -> Path:
     """Create .venv and install what the course needs (and, with `dev`, what tests need).
 
@@ -108,14 +123,9 @@ def ensure_env(dev: bool) -> Path:
     if not py.exists():
         print(f"Creating the virtual environment {VENV} ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    torch_spec = os.environ.get("TORCH_SPEC", f"torch=={tested_torch()}")
-    layers = [(REQUIREMENTS, STAMP)] + ([(DEV_REQUIREMENTS, DEV_STAMP)] if dev else [])
+    torch_spec = torch_spec_wanted()
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
-    base_digest = ""
-    for requirements, stamp in layers:
-        digest = hashlib.sha256(
-            base_digest.encode() + requirements.read_bytes() + torch_spec.encode()).hexdigest()
-        base_digest = digest
+    for requirements, stamp, digest in layers(dev):
         if stamp.exists() and stamp.read_text() == digest:
             continue
         if requirements == REQUIREMENTS:

@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+import unix_users
 
 from coursetools.author import authoring as A
 from coursetools import layout, notebooks
@@ -62,66 +60,18 @@ EXPECTED = (3.0, 4.0)
 
 
 def _user():
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        return None
+    return unix_users.user(USER)
 
 
 def _as(who, cmd: list[str]) -> list[str]:
-    return cmd if who is None else ["runuser", "-u", USER, "--", *cmd]
+    return unix_users.as_user(who, cmd)
 
 
-def _chown(path: Path, who) -> None:
-    if who is None:
-        return
-    for root, dirs, files in os.walk(path):
-        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-            os.lchown(name, who.pw_uid, who.pw_gid)
-
-
-def _can(who, cmd: list[str]) -> bool:
-    return subprocess.run(_as(who, cmd), capture_output=True, timeout=60).returncode == 0
-
-
-def _interpreter(who) -> str:
-    """A Python 3.<same minor> the grader can run."""
-    base = getattr(sys, "_base_executable", sys.executable)
-    candidates = [base, f"/usr/bin/python3.{sys.version_info.minor}"]
-    for exe in candidates:
-        if os.path.exists(exe) and _can(who, [exe, "-c", "pass"]):
-            return exe
-    pytest.skip(f"no Python 3.{sys.version_info.minor} that {USER} may run ({', '.join(candidates)})")
-
-
-def _packages(who, base: Path) -> str:
-    """This suite's site-packages, or a hard-linked copy of it where the grader cannot read it
-    (a checkout under root's private home)."""
-    site = sysconfig.get_paths()["purelib"]
-    if _can(who, ["test", "-r", os.path.join(site, "torch", "__init__.py")]):
-        return site
-    copy = base / "site-packages"
-    if subprocess.run(["cp", "-al", site, str(copy)], capture_output=True).returncode != 0:
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(site, copy, symlinks=True)
-    return str(copy)
+_chown = unix_users.chown_tree
 
 
 def _venv(who, where: Path, base: Path, copies: bool) -> Path:
-    cmd = [_interpreter(who), "-m", "venv", "--without-pip", *(["--copies"] if copies else []), str(where)]
-    subprocess.run(_as(who, cmd), check=True, capture_output=True, timeout=120)
-    python = where / "bin" / "python"
-    purelib = subprocess.run(_as(who, [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]),
-                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()
-    pth = Path(purelib) / "course_suite_packages.pth"
-    pth.write_text(_packages(who, base) + "\n")
-    # The one console script nbgrader runs (to create a gradebook), as pip would install it.
-    alembic = where / "bin" / "alembic"
-    alembic.write_text(f"#!{python}\nimport sys\nfrom alembic.config import main\nsys.exit(main())\n")
-    alembic.chmod(0o755)
-    _chown(pth, who)
-    _chown(alembic, who)
-    return python
+    return unix_users.venv(who, where, base, copies)
 
 
 def _course(root: Path, student: str) -> None:
