@@ -794,8 +794,7 @@ def _run(room: Classroom, args, names: list[str], config) -> int:
             ledger.close()
         if stop.requested:
             report = stopped_report(stop, plans, run, state["killed"])
-            print(report, file=sys.stderr)
-            print(report)
+            print(report)  # once, where the summary goes (it was on stderr too: twice on a terminal)
             _log(room, report)
             return stop.exit_status
     results = {plan.assignment: room.results(plan.assignment) for plan in plans}

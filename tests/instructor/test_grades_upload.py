@@ -77,3 +77,42 @@ def test_an_unreadable_file_is_explained_to_the_instructor(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "holds no notebook" in classroom.submission_problem(empty, A1)
+
+
+@pytest.mark.timeout(300)
+def test_formgraders_autograde_dialog_says_only_what_matters(tmp_path):
+    """Formgrader's Autograde button shows the log of nbgrader's API call: it was full of
+    [DEBUG] kernel-protocol lines and a "checksum ... has changed!" warning per hidden-test cell
+    (issue 37). The same call, on an honest submission: INFO lines only."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    course = tmp_path / "course"
+    for part in ("coursetools", "solutions"):
+        shutil.copytree(layout.ROOT / part, course / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(layout.ROOT / "nbgrader_config.py", course / "nbgrader_config.py")
+    submitted = course / "submitted" / "alice" / A1
+    submitted.mkdir(parents=True)
+    shutil.copy(layout.release_notebook(A1), submitted / f"{A1}.ipynb")
+    driver = textwrap.dedent(f"""
+        import json
+        from nbgrader.apps import NbGraderAPI
+        from nbgrader.apps.baseapp import NbGrader
+        app = NbGrader()
+        app.load_config_file()
+        api = NbGraderAPI(config=app.config)
+        assert api.generate_assignment({A1!r})["success"]
+        print(json.dumps(api.autograde({A1!r}, "alice")))  # what Formgrader's button calls
+    """)
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([sys.executable, "-c", driver], cwd=course, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answer["success"], answer
+    lines = answer["log"].splitlines()
+    assert any("executed in" in line for line in lines), lines
+    noisy = [line for line in lines if not line.startswith("[INFO]")]
+    assert not noisy, f"Formgrader's dialog would show: {noisy[:10]}"

@@ -173,6 +173,7 @@ def test_stopped_with_each_signal_then_resumed_to_the_same_grades(course):
             pytest.fail(f"grade-class did not stop within 120 s of {sig.name}")
         assert run.proc.returncode == 128 + sig, (sig.name, run.proc.returncode, err[-3000:])
         assert f"stopped by {sig.name}" in out, out
+        assert f"stopped by {sig.name}" not in err, "the stop report is printed twice on a terminal"
         left = run.left_running()
         assert not left, f"after {sig.name}, processes grade-class started are still running: {left}"
         ledger = _consistent(course, students)
