@@ -88,9 +88,10 @@ c.HTMLExporter.filters = dict(FEEDBACK_FILTERS)
 # One machine: nbgrader's exchange is local-exchange/ in the course (git-ignored), so that
 # release -> fetch (as a student) -> submit -> collect -> autograde work before a class
 # server exists (`make.py lab --instructor` shows Formgrader's release and collect and the
-# Assignments tab; `make.py lab --student NAME` is one student). On JupyterHub, delete this
-# line and use the hub's shared exchange (docs/INSTRUCTORS.md, "A class on JupyterHub"): this
-# file is read after the hub's global nbgrader config, so a setting left here would win over it.
+# Assignments tab; `make.py lab --student NAME` is one student). On a class server whose
+# global nbgrader config sets the exchange (a hub's /etc/jupyter/nbgrader_config.py,
+# docs/INSTRUCTORS.md, "A class on JupyterHub"), this line sets nothing: this file is read after
+# that one and would otherwise win over it.
 exchange.configure(c, _ROOT)
 
 # zip_collect: files named <student_id>__<notebook>.ipynb (e.g. from an LMS download).

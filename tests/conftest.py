@@ -18,7 +18,7 @@ for _path in (ROOT, ROOT / "tests"):
 # share one kernel) or a class (each grading shard is one); the longest go first so that no
 # worker is left with one at the end), then notebooks (nbval) and the rest.
 _ORDER = ["test_repo", "test_notebooks_static", "test_fixture_groups", "test_release", "test_classroom",
-          "test_grading", "test_verdicts_under_load", "test_standalone", "test_site", "test_layouts", "test_selfcheck",
+          "test_grading", "test_verdicts_under_load", "test_standalone", "test_site", "test_layouts", "test_jupyterhub", "test_selfcheck",
           "test_postgres_gradebook", "test_browser",
           "test_sandbox", "test_forgery", "test_lab", "test_tooling"]
 

@@ -22,7 +22,7 @@ Validate and the Assignments tab (`jupyter-config/instructor/`). What is opened 
 course's source. nbgrader's exchange is `local-exchange/` in the course (git-ignored; set in
 nbgrader_config.py, made here if missing), so an instructor can release in Formgrader, fetch
 and submit as a student in the Assignments tab (into `local-exchange/student/`), collect and
-grade, all on one machine; a class server replaces it (docs/INSTRUCTORS.md, "Large classes").
+grade, all on one machine; a class server replaces it (docs/INSTRUCTORS.md, "A class on JupyterHub").
 
 **Student mode** (`--student NAME`) is one student of a class that shares this machine, as
 on a hub: the Assignments tab on, Formgrader and Create Assignment off, the server in the

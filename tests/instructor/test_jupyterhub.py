@@ -29,7 +29,8 @@ Then, in Chromium, one browser context (its own cookies) per user:
    exchange's feedback folder cannot be listed.
 
 It runs twice: on the SQLite gradebook and on PostgreSQL (the course's nbgrader_config.py
-given a db_url, as the guide says). Screenshots of each step go to test-artifacts/, and the
+given a db_url, as the guide says). Screenshots of each step go to test-artifacts/ (the SQLite
+run's to test-artifacts/screenshots/, committed), and the
 time of each step to test-artifacts/hub-class-<gradebook>.txt. Skipped, with a message, where
 the suite is not root (users are made and servers started as them), or where Chromium,
 configurable-http-proxy, Debian's python3.X or PostgreSQL is missing (.ci/run installs them).
@@ -42,119 +43,29 @@ import csv
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import unix_users
 from browser_support import chromium_page
-from course_copy import checkout_copy, free_port
+from hub_support import PASSWORD, Hub, require, set_up_class
 
 from coursetools import layout, notebooks
 from coursetools.author import fixtures
 
 ROOT = layout.ROOT
 CHAPTER = layout.assignments()[0]
-RECIPE = ROOT / "deploy" / "jupyterhub"
 ARTIFACTS = ROOT / "test-artifacts"
 TEACHER = "course-teacher"
 STUDENTS = {"course-alice": "all", "course-bob": "half", "course-carol": "none"}
-PASSWORD = "class-on-a-hub-test"  # SharedPasswordAuthenticator wants 8 characters or more
-COURSE_FOLDER = "pytorch-devices"   # deploy/jupyterhub/jupyterhub_config.py: COURSE_FOLDER
-START_S = 180      # a hub and its proxy answered in ~3 s here; a server spawned in ~6-10 s
 PAGE_MS = 120_000
 
 pytestmark = [pytest.mark.timeout(1800)]
-
-
-def _require() -> None:
-    if not unix_users.IS_ROOT:
-        pytest.skip("the hub test makes Unix users and runs their servers as them: it needs root "
-                    "(CI runs the suite as root)")
-    pytest.importorskip("jupyterhub", reason="JupyterHub is not installed (requirements-dev.txt)")
-    if shutil.which("configurable-http-proxy") is None:
-        pytest.skip("configurable-http-proxy is not installed (npm install -g configurable-http-proxy; "
-                    ".ci/run does)")
-    for tool in ("useradd", "userdel", "runuser"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"no {tool}: the hub test makes real users")
-
-
-def _wait_http(url: str, timeout_s: float, what: str, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status < 500:
-                    return
-        except Exception:
-            time.sleep(0.5)
-    pytest.fail(f"{what} did not answer at {url} in {timeout_s} s; log:\n{log.read_text(errors='replace')[-4000:]}")
-
-
-class Hub:
-    """The course's recipe, started as the guide says, on loopback ports; `stop()` stops the hub,
-    its proxy and every server it spawned."""
-
-    def __init__(self, base: Path, python: Path, share: str, exchange: Path, etc: Path):
-        self.dir = base / "hub"
-        self.dir.mkdir()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = self.dir / "jupyterhub_config.py"
-        env_for_servers = {
-            "COURSE_EXCHANGE_ROOT": str(exchange),  # etc-jupyter/nbgrader_config.py: the exchange
-            "JUPYTER_PATH": share,  # JupyterLab's application and extensions, as in a system-wide install
-            "PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin",
-            "PYTHONNOUSERSITE": "1",
-        }
-        config.write_text(f"""
-c = get_config()  # noqa: F821
-load_subconfig({str(RECIPE / 'jupyterhub_config.py')!r})  # noqa: F821  (the course's recipe, unchanged)
-# What a test must change: a shared password for PAM, its users, loopback ports, its folders.
-c.JupyterHub.authenticator_class = "shared-password"
-c.SharedPasswordAuthenticator.user_password = {PASSWORD!r}
-c.Authenticator.allow_all = False
-c.Authenticator.allowed_users = {set([TEACHER, *STUDENTS])!r}
-c.JupyterHub.load_groups = {{"instructors": {{"users": [{TEACHER!r}]}}}}
-c.JupyterHub.bind_url = {self.url!r}
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {free_port()}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
-c.JupyterHub.db_url = "sqlite:///{self.dir / 'jupyterhub.sqlite'}"
-c.JupyterHub.cookie_secret_file = {str(self.dir / 'cookie_secret')!r}
-c.ConfigurableHTTPProxy.pid_file = {str(self.dir / 'proxy.pid')!r}
-c.Spawner.cmd = [{str(python)!r}, "-m", "jupyterhub.singleuser"]
-c.Spawner.environment = {env_for_servers!r}
-c.Spawner.start_timeout = {START_S}
-c.Spawner.http_timeout = {START_S}
-""")
-        self.log_path = self.dir / "hub.log"
-        self._log = open(self.log_path, "w")
-        env = {**os.environ, "COURSE_ETC_JUPYTER": str(etc)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=self.dir,
-                                     env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_http(f"{self.url}/hub/api", START_S, "JupyterHub", self.log_path)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # the hub stops its servers and its proxy
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        self._log.close()
 
 
 class Timings:
@@ -172,8 +83,10 @@ class Timings:
 
 
 def _shot(page, gradebook: str, name: str) -> Path:
-    ARTIFACTS.mkdir(exist_ok=True)
-    path = ARTIFACTS / f"hub-{gradebook}-{name}.png"
+    """The SQLite run's screenshots are committed (test-artifacts/screenshots/), the other's not."""
+    folder = ARTIFACTS / "screenshots" if gradebook == "sqlite" else ARTIFACTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"hub-{gradebook}-{name}.png"
     page.screenshot(path=str(path))
     return path
 
@@ -259,18 +172,9 @@ def _answers(kind: str) -> dict[str, str]:
     return {k: every[k] for k in keep}
 
 
-def _server_env(who, python: Path, share: str, exchange: Path, etc: Path, teacher: bool) -> dict[str, str]:
-    """The environment the hub gives a user's server (and so a terminal in it)."""
-    config = [os.path.join(who.pw_dir, COURSE_FOLDER), str(etc / "instructor"), str(etc)] if teacher else [str(etc)]
-    return {"HOME": who.pw_dir, "USER": who.pw_name, "SHELL": "/bin/bash", "LANG": "C.UTF-8",
-            "PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin", "PYTHONNOUSERSITE": "1",
-            "JUPYTER_PATH": share, "JUPYTER_CONFIG_PATH": os.pathsep.join(config),
-            "COURSE_EXCHANGE_ROOT": str(exchange), "JUPYTERHUB_USER": who.pw_name}
-
-
 @pytest.fixture
 def class_users():
-    _require()
+    require()
     names = [TEACHER, *STUDENTS]
     for name in names:  # a run that was killed may have left them
         unix_users.remove_user(name)
@@ -291,37 +195,19 @@ def base():
 
 @pytest.mark.parametrize("gradebook", ["sqlite", "postgresql"])
 def test_a_class_on_jupyterhub(gradebook, class_users, base, request):
-    import make  # the stamps make.py checks before installing (make.layers)
-
     db_url = request.getfixturevalue("postgres_url") if gradebook == "postgresql" else None
     teacher = class_users[TEACHER]
     students = {name: class_users[name] for name in STUDENTS}
     timings = Timings()
 
     with timings.step("set-up: a Python for every user, the exchange, /etc/jupyter, the instructor's course"):
-        some_student = next(iter(students.values()))
-        python = unix_users.venv(None, base / "opt-venv", base, interpreter_for=some_student)
-        share = unix_users.jupyter_data(some_student, base)
-        exchange = base / "exchange"
-        exchange.mkdir()
-        os.chmod(exchange, 0o1777)  # docs/INSTRUCTORS.md: every user may write, nbgrader does the rest
-        etc = base / "etc-jupyter"
-        shutil.copytree(RECIPE / "etc-jupyter", etc)  # as the guide copies it to /etc/jupyter
-        course = Path(teacher.pw_dir) / COURSE_FOLDER
-        checkout_copy(course)
-        if db_url:
-            with open(course / "nbgrader_config.py", "a") as f:
-                f.write(f"\nc.CourseDirectory.db_url = {db_url!r}  # the class's PostgreSQL gradebook\n")
-        unix_users.chown_tree(course, teacher)
-        course_python = unix_users.venv(teacher, course / ".venv", base)
-        for _, stamp, digest in make.layers(dev=False):  # installed: make.py runs no pip
-            (course / ".venv" / stamp.name).write_text(digest)
-        unix_users.chown_tree(course / ".venv", teacher)
+        setup = set_up_class(base, teacher, next(iter(students.values())), db_url)
+    exchange, course, course_python = setup.exchange, setup.course, setup.course_python
 
     hub, log = None, ""
     try:
         with timings.step("the hub and its proxy start"):
-            hub = Hub(base, python, share, exchange, etc)
+            hub = setup.start_hub(base, TEACHER, list(STUDENTS))
         with chromium_page(None, "the JupyterHub class test") as first:
             browser = first.context.browser
 
@@ -367,7 +253,7 @@ def test_a_class_on_jupyterhub(gradebook, class_users, base, request):
                 assert (course / "submitted" / name / CHAPTER / f"{CHAPTER}.ipynb").is_file(), said
 
             with timings.step("instructor: make.py grade-class (3 submissions)"):
-                env = _server_env(teacher, course_python, share, exchange, etc, teacher=True)
+                env = setup.env(teacher, teacher=True)
                 proc = subprocess.run(
                     unix_users.as_user(teacher, ["env", "-i", *[f"{k}={v}" for k, v in env.items()],
                                                  str(course_python), "make.py", "grade-class", CHAPTER]),
@@ -431,7 +317,9 @@ def test_a_class_on_jupyterhub(gradebook, class_users, base, request):
             hub.stop()
             log = hub.log()
             (ARTIFACTS / f"hub-{gradebook}-hub.log").write_text(log[-200_000:])
-    summary = f"A class on JupyterHub ({gradebook} gradebook), 3 students:\n{timings.text()}\n"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    summary = (f"A class on JupyterHub ({gradebook} gradebook), 3 students, {os.cpu_count()} cores, "
+               f"load average at the end {load} (1, 5, 15 min):\n{timings.text()}\n")
     (ARTIFACTS / f"hub-class-{gradebook}.txt").write_text(summary)
     print(summary)
     critical = [line for line in log.splitlines() if re.match(r"\[[CE] ", line) and "Received signal SIGTERM" not in line]
