@@ -12,17 +12,31 @@ tests/ is on sys.path (tests/conftest.py), so each imports it as `unix_users`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@contextlib.contextmanager
+def crossable_folder(prefix: str):
+    """A fresh folder under /tmp itself, which every user may cross (not under a private
+    TMPDIR, which Slurm or systemd's PrivateTmp make root's alone); removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(folder, 0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def user(name: str):

@@ -155,10 +155,8 @@ def _layout(case: str, who, base: Path) -> tuple[Path, Path, dict[str, str]]:
 @pytest.fixture
 def base():
     """A folder under /tmp itself (not under a private TMPDIR), removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="course-layout-", dir="/tmp"))
-    os.chmod(folder, 0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    with unix_users.crossable_folder("course-layout-") as folder:
+        yield folder
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -519,6 +519,15 @@ def test_instructor_mode_formgrader_lists_and_links(chromium, server_factory, tm
     # it is missing, and release is offered (issue 28)
     assert frame.locator("#warning-exchange").count() == 0, f"Formgrader warns about the exchange ({shot})"
     assert frame.get_by_text("Release", exact=True).count() >= 1, f"no Release column in Formgrader ({shot})"
+    # Generate: its dialog shows nbgrader's log, without the [DEBUG] lines it showed (90 of 96)
+    # while Jupyter kept the server's logger at DEBUG (jupyter-config/instructor sets it to INFO).
+    frame.locator("tr", has=frame.get_by_role("link", name=CHAPTER, exact=True)).locator("td.assign a").click()
+    dialog = frame.locator("#success-modal.in, #error-modal.in").first
+    dialog.wait_for(timeout=PAGE_LOAD_MS)
+    said = dialog.inner_text()
+    assert "Successfully created the student version" in said and "[DEBUG]" not in said, said[:2000]
+    dialog.locator("button.close").last.click()
+    dialog.wait_for(state="detached", timeout=PAGE_LOAD_MS)
 
     def browser_shows(folder: str, notebook: str) -> None:
         """Until JupyterLab's file browser shows `folder`, with `notebook` in it."""
