@@ -143,6 +143,16 @@ def _message(cell: NotebookNode, outcome: Outcome) -> str:
             if out.ename == "NameError":
                 return f"NameError: {out.evalue} " + tr("(did the answer cell run without an error?)")
             if out.ename == "AssertionError":
+                # The exercises' call_answer(fn, hint) wraps an error of the answer as
+                # "<hint>\nYour code raised <Error>: <message>": an unanswered stub is still
+                # "not answered yet", and the hint and the error stay two sentences.
+                hint, raised, error = out.evalue.partition(ANSWER_RAISED)
+                if raised and re.fullmatch(r"NotImplementedError:?\s*", error):
+                    return tr("not answered yet: the answer cell still raises NotImplementedError")
+                if raised:
+                    hint = hint.rstrip()
+                    return (f"{out.ename}: {hint}{'' if hint.endswith(('.', ':', ';')) else '.'} "
+                            f"Your code raised {error}".strip())
                 return f"{out.ename}: {out.evalue}".strip()
             where = _where(out)
             if where:  # not a check that failed: the code under test raised while the test ran
@@ -170,6 +180,7 @@ def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+ANSWER_RAISED = "\nYour code raised "  # call_answer's wrapping, in the exercises' helpers cells
 MESSAGE_HEAD, MESSAGE_TAIL = 160, 560  # characters kept of a long message: its start and end
 
 

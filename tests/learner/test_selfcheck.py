@@ -192,3 +192,23 @@ def test_the_fix_comes_only_when_asked_for():
     assert "keep the result" not in kernel["fix_hint"]("keep the result") and "SHOW_FIXES = True" in kernel["fix_hint"]("x")
     kernel["SHOW_FIXES"] = True
     assert kernel["fix_hint"]("keep the result") == hints.FIX_MARKER + "keep the result"
+
+
+def test_a_wrapped_unanswered_stub_says_not_answered_and_hints_stay_sentences():
+    """call_answer(fn, hint) in the exercises' helpers wraps the answer's error as
+    "<hint>\\nYour code raised <Error>: <message>". An unanswered stub under it was reported
+    with the hint, run together with the error ("...so it is not a mismatch Your code raised
+    NotImplementedError:"); it says "not answered yet", and any other error follows the hint
+    as a sentence of its own (issue 38, item 8)."""
+    from nbformat import v4
+
+    def message(evalue):
+        cell = v4.new_code_cell("")
+        cell.outputs = [v4.new_output("error", ename="AssertionError", evalue=evalue, traceback=[])]
+        return selfcheck._message(cell, selfcheck.Outcome.ERROR)
+
+    hint = "a 0-dim CPU tensor mixes with any device, so it is not a mismatch"
+    assert message(f"{hint}\nYour code raised NotImplementedError: ").startswith("not answered yet")
+    said = message(f"{hint}\nYour code raised KeyError: 'scale'")
+    assert said == f"AssertionError: {hint}. Your code raised KeyError: 'scale'", said
+    assert message("expected meta, got cpu") == "AssertionError: expected meta, got cpu"
