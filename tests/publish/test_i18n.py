@@ -133,6 +133,20 @@ def test_glossary_check_flags_english_terms_and_allows_code_and_kept_terms():
         assert not checks.glossary_problems(fine, terms), fine
 
 
+def test_gpu_memory_is_xiancun_and_the_check_says_so():
+    """A GPU's memory is 显存 and running out of it 显存不足（OOM）; 内存 is host RAM (issue 38:
+    the edition wrote GPU 内存 and 内存不足, erasing the host/device distinction)."""
+    terms = checks.glossary(ROOT)
+    for wrong in ("`del x` 会释放 GPU 内存", "显卡内存不够", "每块 GPU 都内存不足", "CUDA 报 OOM：内存不足",
+                  "设置 `CUDA_VISIBLE_DEVICES` 后仍然内存不足"):
+        assert checks.glossary_problems(wrong, terms), wrong
+    for fine in ("`del x` 把显存还给 PyTorch 的缓存", "每块 GPU 都显存不足", "CUDA 说明警告：在主机内存不足时",
+                 "数据集太大，加载时内存不足", "从 CPU 内存到显存的拷贝"):
+        assert not checks.glossary_problems(fine, terms), fine
+    text = "".join(e.msgstr for s in EDITION for e in build.po_file(s, ROOT) if e.msgstr)
+    assert "GPU 内存" not in text and "显卡内存" not in text and text.count("显存") >= 15
+
+
 def test_structure_checks_catch_broken_translations():
     terms = checks.glossary(ROOT)
     assert checks.entry_problems("## Summary", "小结", None, terms), "a heading must stay a heading"

@@ -86,6 +86,23 @@ def glossary_problems(text: str, terms: list[Term], msgid: str = "") -> list[str
             if variant in prose:
                 problems.append(f"{variant!r}: the glossary renders {term.english!r} as {term.chinese}, "
                                 f"not {variant}")
+    return problems + memory_problems(text)  # with its code: `CUDA_VISIBLE_DEVICES` says GPU too
+
+
+# "内存不足" (out of memory) where the text is about a GPU: device memory is 显存, and an out-of-
+# memory error on a GPU is 显存不足（OOM） (issue 38: the edition had erased the host/device
+# distinction the course is about). Host RAM running out stays 内存不足.
+GPU_NEARBY = re.compile(r"CUDA|cuda|GPU|OOM|显卡|nvidia-smi")
+HOST_OOM = re.compile(r"(?<!主机)内存不足")  # 主机内存不足: the host, said explicitly
+
+
+def memory_problems(prose: str) -> list[str]:
+    problems = []
+    for match in HOST_OOM.finditer(prose):
+        around = prose[max(match.start() - 40, 0):match.end() + 40]
+        if GPU_NEARBY.search(around):
+            problems.append(f"'内存不足' beside {GPU_NEARBY.search(around).group(0)}: a GPU's memory is 显存, "
+                            "so write 显存不足（OOM） (内存不足 is for host RAM)")
     return problems
 
 
