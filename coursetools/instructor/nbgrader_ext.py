@@ -27,6 +27,7 @@ from coursetools.grading.execute import (
     execute_resilient,
 )
 from coursetools.notebooks import RAISES_TAG
+from coursetools.publish.i18n import N_, cells_language, testmessages
 from coursetools.grading.sandbox import (
     SandboxConfig,
     SandboxUnavailable,
@@ -113,19 +114,41 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
     return [execute.error_output(ename, message + (hints.FIX_MARKER + fix[:1000] if fix else ""))]
 
 
-def fix_details(fix: str) -> NotebookNode:
+def fix_details(fix: str, chinese: str = "") -> NotebookNode:
     """How to fix a failing test, for a feedback page: collapsed under "How to fix" (the
-    message above it says what was observed and which rule that breaks)."""
+    message above it says what was observed and which rule that breaks). The Chinese
+    edition's page adds the fix in Chinese under the English, which stays for searching."""
     import html
     body = html.escape(fix).replace("\n", "<br>")
+    summary, plain = "How to fix", f"How to fix: {fix}"
+    if chinese:
+        summary = "How to fix · 如何修正"
+        body += f'<br><span lang="zh-CN">提示：{html.escape(chinese)}</span>'
+        plain += f"\n提示：{chinese}"
     return v4.new_output("display_data", data={
-        "text/html": f"<details><summary>How to fix</summary><p>{body}</p></details>",
-        "text/plain": f"How to fix: {fix}"})
+        "text/html": f"<details><summary>{summary}</summary><p>{body}</p></details>",
+        "text/plain": plain})
 
 
-def fold_fixes(cell: NotebookNode) -> None:
+def hint_output(chinese: str) -> NotebookNode:
+    """A failing test's observation in Chinese, under the English error on a feedback page
+    of the Chinese edition."""
+    import html
+    return v4.new_output("display_data", data={
+        "text/html": f'<p lang="zh-CN">提示：{html.escape(chinese)}</p>',
+        "text/plain": f"提示：{chinese}"})
+
+
+YOUR_CODE_RAISED = N_("your code raised {ename} while this test ran: the message above is your code's own, "
+                      "not the test's")
+
+
+def fold_fixes(cell: NotebookNode, assignment: str | None = None, chinese: bool = False) -> None:
     """A test cell's failure in feedback: the observation stays in the error, the fix
-    (after hints.FIX_MARKER) moves under a collapsed "How to fix" after it."""
+    (after hints.FIX_MARKER) moves under a collapsed "How to fix" after it. With `chinese`
+    (a submission of the Chinese edition), each gets its Chinese line from the exercise's PO
+    file (coursetools/publish/i18n/testmessages.py) or the grader's own (a hidden test, a time
+    limit)."""
     if not (utils.is_grade(cell) and not utils.is_solution(cell)):
         return
     outputs = []
@@ -137,7 +160,14 @@ def fold_fixes(cell: NotebookNode) -> None:
         if fix:
             out.evalue = observed
             out.traceback = [f"{out.get('ename', 'Error')}: {observed}"]
-            outputs.append(fix_details(fix))
+        said = testmessages.hint(assignment, observed) if chinese else ""
+        if chinese and not said and out.get("ename") != "AssertionError":
+            # not a check of the test that failed: an error of the student's code, in its own words
+            said = testmessages.hint(assignment, YOUR_CODE_RAISED.format(ename=out.get("ename", "Error")))
+        if said:
+            outputs.append(hint_output(said))
+        if fix:
+            outputs.append(fix_details(fix, testmessages.hint(assignment, fix) if chinese else ""))
     cell.outputs = outputs
 
 
@@ -494,6 +524,12 @@ class SafeOutputs(NbGraderPreprocessor):
     """Feedback HTML that runs nothing: drop every output kind outside SAFE_MIME, and render
     Markdown cells (a student can edit any that is not locked) to sanitized HTML."""
 
+    def preprocess(self, nb, resources):
+        # The Chinese edition's submissions get Chinese hints under the tests' messages.
+        self._chinese = cells_language(nb.cells) == "zh"
+        self._assignment = (resources.get("nbgrader") or {}).get("assignment")
+        return super().preprocess(nb, resources)
+
     def preprocess_cell(self, cell, resources, cell_index):
         if cell.cell_type != "code":
             cell.pop("attachments", None)
@@ -513,5 +549,5 @@ class SafeOutputs(NbGraderPreprocessor):
                 out.get("metadata", {}).clear()
             kept.append(out)
         cell.outputs = kept
-        fold_fixes(cell)
+        fold_fixes(cell, getattr(self, "_assignment", None), getattr(self, "_chinese", False))
         return cell, resources

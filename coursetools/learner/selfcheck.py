@@ -26,8 +26,9 @@ Exit status: 0 full marks, 1 points missing, 2 the input could not be graded.
 
 The report is in Chinese for a notebook of the Chinese edition (or with `--lang zh`): the
 self-check's own words come from locale/zh_CN/tools/messages.po, the test descriptions from
-the exercise's PO file (coursetools/i18n); the tests' own messages stay as the tests wrote
-them (English).
+the exercise's PO file (coursetools/publish/i18n); each test's own message stays as the test
+wrote it (English, for searching), with its Chinese under it, `提示：…`, read from the same PO
+file's templates (coursetools/publish/i18n/testmessages.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +49,7 @@ from coursetools.learner import lab
 from coursetools import layout, notebooks
 from coursetools.grading import hints, review
 from coursetools.grading.execute import CELL_TIMEOUT_S, KernelStartError, Outcome, execute_resilient
-from coursetools.publish.i18n import describe_test, notebook_language, set_language, tr
+from coursetools.publish.i18n import describe_test, language, notebook_language, set_language, testmessages, tr
 from coursetools.notebooks import NotebookError
 
 
@@ -250,8 +252,10 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
         observed, fix = hints.split(r.message)
         if observed:
             lines.append(textwrap.indent(textwrap.fill(_shorten(observed), width=96), " " * 12))
+            lines += _chinese_lines(name, observed, 12)
         if fix and explain:
             lines.append(textwrap.indent(textwrap.fill(tr("How to fix: ") + _shorten(fix), width=96), " " * 14))
+            lines += _chinese_lines(name, fix, 14)
     total = sum(r.score for r in results)
     possible = sum(r.max_score for r in results)
     lines += ["", tr("Score: {total}/{possible}   ({seconds} s)").format(
@@ -260,6 +264,41 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
         lines.append(tr("Stuck on one? `python3 make.py check --explain {path}` also says how to fix each failure.").format(
             path=again or path))
     return "\n".join(lines) + format_findings(findings or [])
+
+
+def _chinese_lines(assignment: str, message: str, indent: int) -> list[str]:
+    if language() != "zh":
+        return []
+    chinese = testmessages.hint(assignment, message)
+    if not chinese:
+        return []
+    return [" " * indent + line for line in wrap_columns(tr("Hint: ") + _shorten(chinese), 96 - indent)]
+
+
+_NO_BREAK_BEFORE = set("，。；：、）》」』”’！？,.;:)]}")
+
+
+def _columns(ch: str) -> int:
+    return 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+
+
+def wrap_columns(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` terminal columns (a CJK character takes two), broken
+    at spaces or beside a CJK character, never before closing punctuation."""
+    lines, line, last_break = [], "", -1
+    for ch in text:
+        if line and ch != " " and ch not in _NO_BREAK_BEFORE and (_columns(ch) == 2 or _columns(line[-1]) == 2):
+            last_break = len(line)
+        if line and sum(map(_columns, line)) + _columns(ch) > width:
+            cut = last_break if last_break > 0 else len(line)
+            lines.append(line[:cut].rstrip())
+            line, last_break = line[cut:].lstrip(), -1
+        line += ch
+        if ch == " ":
+            last_break = len(line)
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
 
 
 def chapter_named(arg: str, root: Path = layout.ROOT) -> str | None:

@@ -20,6 +20,7 @@ is graded at once, as many nbgrader processes at a time as the machine has cores
 
 from __future__ import annotations
 
+import copy
 import html
 import math
 import os
@@ -269,6 +270,12 @@ def check_chinese_submission(g: Graded, student: str) -> None:
     statement = [c.source for c in chinese.cells if c.cell_type == "markdown"]
     graded_nb = g.shard.course.autograded_notebook(student, g.name)
     assert [c.source for c in graded_nb.cells if c.cell_type == "markdown"] == statement
+    if student == "zh-wrong":  # the page, made by nbgrader, says each failure in Chinese too
+        g.shard.course.run("generate_feedback", g.name, "--force", "--student", student)
+        page = (g.shard.course.root / "feedback" / student / g.name / f"{g.name}.html").read_text(encoding="utf-8")
+        failed = [gid for gid, score in g.scores(student).items() if score != g.points[gid]]
+        assert failed and html.unescape(page).count("提示：") >= len(failed), (
+            f"{len(failed)} failing tests ({failed}), {html.unescape(page).count('提示：')} Chinese hints on the page")
     if student == "zh-solution":  # nbgrader's feedback page shows the Chinese statement
         g.shard.course.run("generate_feedback", g.name, "--force", "--student", student)
         page = (g.shard.course.root / "feedback" / student / g.name / f"{g.name}.html").read_text(encoding="utf-8")
@@ -317,6 +324,32 @@ def _shard_class(name: str, index: int, students: list[str]) -> type:
                     problems = [p for gid in fx.shows for p in fixtures.message_problems(fx, gid, shown.get(gid, ""))]
                     assert not problems, (f"{fx.description}\n" + "\n".join(problems) + "\nthe messages shown:\n"
                                           + "\n".join(f"{gid}: {shown.get(gid, '')[:600]}" for gid in fx.shows))
+
+        def test_every_failure_has_its_chinese(self, graded):
+            """Every test that failed, for every submission of this shard (the realistic
+            wrong answers), gets its Chinese line on a Chinese edition's feedback page, and
+            its fix too (issue 38): the same fold_fixes the page is made with."""
+            missing = []
+            for student in students:
+                g = graded(name, student)
+                scores = g.scores(student) or {}
+                graded_nb = g.shard.course.autograded_notebook(student, name)
+                for cell in graded_nb.cells:
+                    gid = notebooks.grade_id(cell)
+                    if not notebooks.is_test_cell(cell) or scores.get(gid) in (None, g.points.get(gid)):
+                        continue
+                    folded = copy.deepcopy(cell)
+                    nbgrader_ext.fold_fixes(folded, name, chinese=True)
+                    shown = [o.get("data", {}).get("text/plain", "") for o in folded.outputs
+                             if o.output_type == "display_data"]
+                    error = next((o for o in folded.outputs if o.output_type == "error"), None)
+                    said = error is not None and any(text.startswith("提示：") for text in shown)
+                    fix_said = all("提示：" in text for text in shown if text.startswith("How to fix"))
+                    if not (said and fix_said):
+                        message = f"{error.ename}: {error.evalue}" if error is not None else "(no error)"
+                        missing.append(f"{student} {gid}: {' '.join(message.split())[:300]}")
+            assert not missing, ("failing tests without their Chinese (translate the entries with msgctxt "
+                                 "'test message' in the exercise's PO file):\n" + "\n".join(missing))
 
         chinese_here = [st for st in students if st in ZH_STUDENTS]
         if chinese_here:

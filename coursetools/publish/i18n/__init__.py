@@ -47,6 +47,12 @@ def _messages(root: Path = layout.ROOT) -> dict[str, str]:
     return {e.msgid: e.msgstr for e in polib.pofile(str(path)) if e.msgstr and not e.fuzzy and not e.obsolete}
 
 
+def N_(message: str) -> str:
+    """Marks an English message for the tools' PO file (gettext's convention) where it is
+    translated later, e.g. by coursetools/publish/i18n/testmessages.py; returns it unchanged."""
+    return message
+
+
 def tr(message: str) -> str:
     """`message` in the current language (English when there is no translation)."""
     if _language != "zh":
@@ -54,17 +60,24 @@ def tr(message: str) -> str:
     return _messages().get(message, message)
 
 
-_CJK = re.compile(r"[\u3400-\u9fff]")
+CJK = _CJK = re.compile(r"[\u3400-\u9fff]")
 
 
 def notebook_language(path: str | Path) -> str:
     """"zh" when a notebook's markdown is mostly Chinese (a notebook of the Chinese edition,
     or a learner's copy of one, wherever it was saved), else "en"."""
     try:
-        cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+        return cells_language(json.loads(Path(path).read_text(encoding="utf-8"))["cells"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "en"
+
+
+def cells_language(cells) -> str:
+    """notebook_language for a notebook's cells (as read: dicts or NotebookNodes)."""
+    try:
         text = "".join("".join(c["source"]) if isinstance(c["source"], list) else c["source"]
                        for c in cells if c.get("cell_type") == "markdown")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return "en"
     chinese = len(_CJK.findall(text))
     return "zh" if chinese and chinese * 4 > len(re.findall(r"[A-Za-z]", text)) else "en"

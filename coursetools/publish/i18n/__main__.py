@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from coursetools import layout
-from coursetools.publish.i18n import MESSAGES, TOOL_MODULES, build, catalog, checks
+from coursetools.publish.i18n import MESSAGES, TOOL_MODULES, build, catalog, checks, testmessages
 
 
 def tool_templates(root: Path = layout.ROOT) -> list[catalog.Template]:
@@ -41,6 +41,10 @@ def tool_templates(root: Path = layout.ROOT) -> list[catalog.Template]:
                 t = found.setdefault(node.args[0].value, catalog.Template(node.args[0].value))
                 t.occurrences.append((module, str(node.lineno)))
                 t.kinds.append("python-brace-format" if "{" in node.args[0].value else "message")
+    for msgid, module in testmessages.grader_templates(root):
+        t = found.setdefault(("grader", msgid), catalog.Template(msgid, testmessages.GRADER_CONTEXT))
+        t.occurrences.append((module, ""))
+        t.kinds.append("python-brace-format")
     return list(found.values())
 
 

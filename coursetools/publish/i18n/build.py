@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 
 from coursetools import layout, notebooks
-from coursetools.publish.i18n import catalog, markdown, pycode
+from coursetools.publish.i18n import catalog, markdown, pycode, testmessages
 
 LOCALE_DIR = Path("locale") / catalog.LANGUAGE
 ZH_DIR = "zh"
@@ -113,6 +113,69 @@ def _markdown_templates(text: str, where: str, add) -> None:
     for unit in units:
         if unit.translatable:
             add(markdown.msgid_of(lines, unit), None, where(unit), unit.kind)
+        elif unit.kind == "code":
+            for msgid, ctxt, _ in fence_pieces(lines[unit.start:unit.end]):
+                add(msgid, ctxt, where(unit), "fence")
+
+
+# Fenced code in a document: the comments of a shell, Python or YAML block are translated as a
+# code cell's are ("code comment"); a ```text block (a sample of what a command prints, a
+# folder tree) is translated whole ("text block"): the Chinese shows what the Chinese tools
+# print. Other blocks (program output in English) stay as they are.
+COMMENTED_FENCES = {"bash", "sh", "shell", "console", "python", "yaml"}
+TEXT_FENCE = "text"
+
+
+def _comment_start(line: str) -> int | None:
+    """Where a line's `# comment` starts (not inside quotes, not a #! line), or None."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()) and not line.startswith("#!", i):
+            return i
+    return None
+
+
+def fence_pieces(block: list[str]) -> list[tuple[str, str, int | None]]:
+    """(msgid, msgctxt, line index or None for the whole body) of a fenced block's lines."""
+    fence = markdown.FENCE.match(block[0]) if block else None
+    if not fence or len(block) < 2:
+        return []
+    info = block[0].strip()[len(fence.group(1)):].strip().split(" ")[0].lower()
+    body = block[1:-1] if markdown.FENCE.match(block[-1]) else block[1:]
+    if info == TEXT_FENCE:
+        text = "\n".join(body)
+        return [(text, catalog.CONTEXTS["text"], None)] if re.search(r"[A-Za-z]{3,}", text) else []
+    if info not in COMMENTED_FENCES:
+        return []
+    pieces = []
+    for i, line in enumerate(body, start=1):
+        at = _comment_start(line)
+        comment = line[at + 1:].strip() if at is not None else ""
+        if re.search(r"[A-Za-z]{2,}\s+\S", comment):  # words, not a file name alone
+            pieces.append((comment, catalog.CONTEXTS["comment"], i))
+    return pieces
+
+
+def translate_fence(block: list[str], lookup: catalog.Lookup, stats: Stats) -> str:
+    out = list(block)
+    for msgid, ctxt, index in fence_pieces(block):
+        stats.note(msgid, ctxt, lookup.state(msgid, ctxt))
+        translation = lookup.get(msgid, ctxt)
+        if not translation:
+            continue
+        if index is None:
+            closing = 1 if markdown.FENCE.match(block[-1]) and len(block) > 1 else 0
+            out = [block[0]] + translation.split("\n") + block[len(block) - closing:]
+        else:
+            line = out[index]
+            at = _comment_start(line)
+            space = " " if line[at + 1:at + 2] == " " else ""
+            out[index] = line[:at + 1] + space + translation
+    return "\n".join(out)
 
 
 def _code_cell_translated(src: Source, cell) -> bool:
@@ -144,6 +207,9 @@ def templates(src: Source, root: Path = layout.ROOT) -> list[catalog.Template]:
                 what = notebooks.first_comment(cell.source)
                 if what:
                     add(what, catalog.CONTEXTS["test"], (src.path, notebooks.grade_id(cell)), "test")
+        if src.kind == "exercise":  # what its tests say when they fail (hidden tests included)
+            for msgid, grade in testmessages.exercise_templates(Path(src.path).stem, root):
+                add(msgid, catalog.CONTEXTS["message"], (src.path, grade), "python-brace-format")
     else:
         _markdown_templates(document_text(src, root),
                             lambda unit: (src.path, str(unit.start + 1)), add)
@@ -188,7 +254,8 @@ def translate_markdown(text: str, lookup: catalog.Lookup, stats: Stats) -> str:
     for unit in units:
         original = "\n".join(lines[unit.start:unit.end])
         if not unit.translatable:
-            out.append(original)
+            out.append(translate_fence(lines[unit.start:unit.end], lookup, stats) if unit.kind == "code"
+                       else original)
             continue
         msgid = markdown.msgid_of(lines, unit)
         translation = lookup.get(msgid)
@@ -213,6 +280,8 @@ def translate_code(source: str, lookup: catalog.Lookup, stats: Stats) -> str:
 _MD_LINK = re.compile(r"(\]\(\s*<?)([^)\s>]+)(>?(?:\s+\"[^\"]*\")?\s*\))")
 _HTML_LINK = re.compile(r"((?:href|src)=\")([^\"]+)(\")")
 _CHECK = re.compile(r"(make\.py check\s+)(exercises/[\w.-]+/[\w.-]+\.ipynb)")
+_NOTEBOOK_SPAN = re.compile(r"`((?:course|exercises)/[\w./-]+\.ipynb)`")
+READER_DOCS = {"docs/MYTHS.md", "CHEATSHEET.md"}  # they name notebooks in `code`, for the reader to open
 _CHECK_CHAPTER = re.compile(r"(make\.py check\s+\d\d)(?![\w./-])(?!\s+--lang)")
 
 
@@ -261,6 +330,8 @@ class Links:
         # `make.py check NN` grades the learner's copy of chapter NN saved last: a Chinese
         # notebook names the Chinese copy (--lang zh). The documents explain both.
         text = _CHECK.sub(lambda m: m.group(1) + self.targets.get(m.group(2), m.group(2)), text)
+        if src_path in READER_DOCS:  # `course/NN_topic.ipynb` §N: the reader's notebook is the Chinese one
+            text = _NOTEBOOK_SPAN.sub(lambda m: "`" + self.targets.get(m.group(1), m.group(1)) + "`", text)
         return _CHECK_CHAPTER.sub(r"\1 --lang zh", text) if dst_path.endswith(".ipynb") else text
 
 
@@ -304,6 +375,10 @@ def build_notebook(src: Source, lookup: catalog.Lookup, links: Links,
             what = notebooks.first_comment(cell.source)
             if what:
                 stats.note(what, catalog.CONTEXTS["test"], lookup.state(what, catalog.CONTEXTS["test"]))
+    if src.kind == "exercise":  # shown by `make.py check` and feedback pages, not in the notebook
+        context = catalog.CONTEXTS["message"]
+        for msgid, _ in testmessages.exercise_templates(Path(src.path).stem, root):
+            stats.note(msgid, context, lookup.state(msgid, context))
     return notebook_text(nb), stats
 
 

@@ -28,7 +28,7 @@ WRAP = 78
 FUZZY_CUTOFF = 0.6
 # msgctxt of the pieces that are not markdown (see coursetools/publish/i18n/pycode.py)
 CONTEXTS = {"comment": "code comment", "comment-after": "code comment", "docstring": "docstring",
-            "test": "test description"}
+            "test": "test description", "message": "test message", "text": "text block"}
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coursetools import layout
-from coursetools.publish.i18n import build, catalog, markdown
+from coursetools.publish.i18n import build, catalog, markdown, testmessages
 
 GLOSSARY = build.LOCALE_DIR / "glossary.csv"
 SEED_QUOTE = re.compile(r"「([^」]*)」")
@@ -49,7 +49,7 @@ def glossary(root: Path = layout.ROOT) -> list[Term]:
 
 def _term_pattern(term: str) -> re.Pattern:
     words = r"\s+".join(re.escape(w) for w in term.split())
-    return re.compile(rf"(?<![\w`.(-]){words}(?:s|es)?(?![\w`(-])(?!\.\w)", re.IGNORECASE)
+    return re.compile(rf"(?<![\w`.(/-]){words}(?:s|es)?(?![\w`(/-])(?!\.\w)", re.IGNORECASE)
 
 
 def chinese_prose(text: str) -> str:
@@ -72,13 +72,16 @@ def _quoted_cells(msgid: str, msgstr: str) -> list[str]:
     return [zh for en, zh in zip(english, chinese) if zh and zh == en]
 
 
-def glossary_problems(text: str, terms: list[Term], msgid: str = "") -> list[str]:
+def glossary_problems(text: str, terms: list[Term], msgid: str = "", english_terms: bool = True) -> list[str]:
+    """`english_terms=False`: a text block (what a command prints, a folder tree) or a test's
+    message (plain text that names the test's variables: device, loss, backend) keeps its
+    code in English without backquotes; only the variants to avoid are checked."""
     problems = []
     for cell in _quoted_cells(msgid, text):
         text = text.replace(cell, " ")
     prose = chinese_prose(text)
     for term in terms:
-        if not term.kept_in_english:
+        if english_terms and not term.kept_in_english:
             for match in _term_pattern(term.english).finditer(prose):
                 problems.append(f"English term {match.group(0)!r} in Chinese text: the glossary says "
                                 f"{term.chinese} (or put code in `backquotes`)")
@@ -132,7 +135,8 @@ def entry_problems(msgid: str, msgstr: str, ctxt: str | None, terms: list[Term])
         problems.append(f"the post's words must stay as quoted: 「{missing[0]}」 is missing")
     if added:
         problems.append(f"「{added[0]}」 is not a quote of the English text (use “...” for other quotes)")
-    if not markdown.CJK.search(msgstr) and re.search(r"[A-Za-z]{3,}", chinese_prose(msgid)):
+    if (not markdown.CJK.search(msgstr) and re.search(r"[A-Za-z]{3,}", chinese_prose(msgid))
+            and ctxt != catalog.CONTEXTS["text"]):  # a program's English output stays English
         problems.append("the translation has no Chinese in it")
     if ctxt is None:
         if _tags(msgid) != _tags(msgstr):
@@ -155,10 +159,17 @@ def entry_problems(msgid: str, msgstr: str, ctxt: str | None, terms: list[Term])
         if first_en.startswith(">") and any(line.strip() and not line.startswith(">")
                                             for line in msgstr.split("\n")):
             problems.append("every line of a block quote must start with '>'")
+    elif ctxt == catalog.CONTEXTS["message"]:
+        wanted, given = sorted(set(testmessages.holes(msgid))), sorted(set(testmessages.holes(msgstr)))
+        if wanted != given:
+            problems.append(f"a test message's translation must keep its holes {wanted} as they are "
+                            f"(found {given}; write a literal brace as {{{{ or }}}})")
     elif ctxt == catalog.CONTEXTS["docstring"]:
         if '"""' in msgstr or "'''" in msgstr or msgstr.endswith("\\"):
             problems.append("a docstring's translation must not contain triple quotes or end in '\\'")
-    problems += glossary_problems(msgstr, terms, msgid)
+    if ctxt == catalog.CONTEXTS["message"]:  # a hole's code is not prose
+        msgstr = "".join(p if isinstance(p, str) else " " for p in testmessages.parse(msgstr))
+    problems += glossary_problems(msgstr, terms, msgid, english_terms=ctxt not in (catalog.CONTEXTS["text"], catalog.CONTEXTS["message"]))
     return problems
 
 
@@ -187,7 +198,10 @@ def message_problems(root: Path = layout.ROOT) -> list[str]:
         return []
     problems = []
     for entry in catalog.load(path).translated_entries():
-        wanted, got = sorted(re.findall(r"\{\w*\}", entry.msgid)), sorted(re.findall(r"\{\w*\}", entry.msgstr))
+        if entry.msgctxt == testmessages.GRADER_CONTEXT:  # f-string templates (testmessages)
+            wanted, got = sorted(set(testmessages.holes(entry.msgid))), sorted(set(testmessages.holes(entry.msgstr)))
+        else:
+            wanted, got = sorted(re.findall(r"\{\w*\}", entry.msgid)), sorted(re.findall(r"\{\w*\}", entry.msgstr))
         if wanted != got:
             problems.append(f"{MESSAGES.as_posix()} ({entry.msgid[:50]!r}): placeholders {wanted} became {got}")
         if not markdown.CJK.search(entry.msgstr):
