@@ -246,11 +246,14 @@ def test_coverage_table_per_notebook(fresh):
     for src in EDITION:
         path, n, done, fuzzy, missing, has_po = by[src.path]
         assert has_po and n == done + fuzzy + missing and n > 0
+        # a test message pending shows in no notebook (make.py check and feedback pages say it)
+        pending = sum(1 for (ctxt, _), state in fresh.stats[src.path].states.items()
+                      if state != "translated" and ctxt != catalog.CONTEXTS["message"])
         shown = fresh.outputs[src.target].count(build.PENDING)
         quoted = sum(e.msgstr.count(build.PENDING) for e in build.po_file(src, ROOT))  # README quotes it
-        assert (shown > quoted) == bool(fuzzy + missing), (
-            f"{src.target}: {fuzzy + missing} pending entries, but the pending note is "
-            f"{'absent' if fuzzy + missing else 'present'}")
+        assert (shown > quoted) == bool(pending), (
+            f"{src.target}: {pending} pending entries, but the pending note is "
+            f"{'absent' if pending else 'present'}")
 
 
 # ------------------------------------------------------------------ the machinery
@@ -434,6 +437,43 @@ def test_lab_lang_zh_copies_the_chinese_edition_and_sets_jupyterlab_in_chinese(t
     assert mine == work / "zh/exercises/01_device_basics/01_device_basics_exercise.ipynb"
 
 
+def test_self_check_of_a_chinese_wrong_answer_says_each_failure_in_chinese(tmp_path, capsys):
+    """`make.py check --explain` on a Chinese exercise with realistic wrong answers: under each
+    failing test's English message (kept for searching) a Chinese line, `提示：…`, and the fix
+    in Chinese under the English fix (issue 38)."""
+    from coursetools.author import fixtures
+    from coursetools.learner import selfcheck
+    name = "01_device_basics"
+    wrong = [f for f in fixtures.all_fixtures() if f.assignment == name and f.kind == "wrong" and not f.alone]
+    answers = fixtures.reference_answers(notebooks.read(layout.source_notebook(name)))
+    for fx in wrong[:3]:
+        answers.update(fx.answers)
+    path = tmp_path / f"{name}.ipynb"
+    nbformat.write(fixtures.fill(notebooks.read(ROOT / "zh/exercises" / name / f"{name}.ipynb"), answers), path)
+    try:
+        status = selfcheck.main([str(path), "--explain"])
+    finally:
+        i18n.set_language("en")
+    out = capsys.readouterr().out
+    assert status == 1, out
+    blocks = re.split(r"\n(?=  (?:ok  |FAIL) )", out)
+    failing = [b for b in blocks if b.startswith("  FAIL")]
+    assert failing, out
+    for block in failing:  # the message at 12 columns, its fix at 14 (each: English, then Chinese)
+        lines = block.splitlines()[1:]
+        assert any(line.startswith(" " * 12 + "提示：") for line in lines), f"no Chinese line:\n{block}"
+        if any(line.startswith(" " * 14 + i18n_fix_label()) for line in lines):
+            assert any(line.startswith(" " * 14 + "提示：") for line in lines), f"the fix has no Chinese:\n{block}"
+
+
+def i18n_fix_label() -> str:
+    i18n.set_language("zh")
+    try:
+        return i18n.tr("How to fix: ").strip()
+    finally:
+        i18n.set_language("en")
+
+
 def test_self_check_of_a_chinese_notebook_reports_in_chinese(capsys):
     """`make.py check` on a Chinese exercise: the same grading, the self-check's own words and
     the test descriptions in Chinese (the tests' messages stay the tests' own)."""
@@ -454,3 +494,27 @@ def test_self_check_of_a_chinese_notebook_reports_in_chinese(capsys):
         assert "卡住了" in tr("Stuck on one? `python3 make.py check --explain {path}` also says how to fix each failure.")
     finally:
         set_language("en")
+
+
+@pytest.mark.parametrize("path", ["docs/MYTHS.md", "zh/docs/MYTHS.md"])
+def test_myths_quote_the_comments_of_the_cells_that_prove_them(path):
+    """Each row of MYTHS names the notebook and quotes the first comment of the cell that
+    proves the verdict: the quote must be a comment of that notebook, in the same edition (a
+    lesson's comment reworded, or its translation, leaves a stale quote behind)."""
+    stale = []
+    for row in (ROOT / path).read_text(encoding="utf-8").splitlines():
+        quotes = re.findall(r'"(# [^"]+)"', row)
+        named = re.findall(r"`((?:zh/)?course/[\w.-]+\.ipynb)`", row)
+        if not quotes or not named:
+            continue
+        comments = []
+        for nb in named:
+            nb_path = ROOT / nb if nb.startswith("zh/") or path.startswith("docs/") else ROOT / "zh" / nb
+            comments += [line.strip() for cell in notebooks.read(nb_path).cells if cell.cell_type == "code"
+                         for line in cell.source.splitlines() if line.strip().startswith("#")]
+        plain = [c.replace("`", "") for c in comments]
+        for quote in quotes:
+            wanted = quote.replace("`", "").rstrip("…").rstrip(".").strip()
+            if not any(c.startswith(wanted) for c in plain):
+                stale.append(f"{quote!r} is no comment of {named}")
+    assert not stale, f"{path}: " + "\n".join(stale)
