@@ -20,9 +20,10 @@ import re
 from nbformat import NotebookNode, v4
 
 from coursetools import notebooks
+from coursetools.publish.i18n import N_
 
 TAMPER_ENAME = "TamperingDetected"
-REDACTED = "[hidden test code removed from feedback]"
+REDACTED = N_("[hidden test code removed from feedback]")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 GRADER_FILE = "<grader test {}>"

@@ -27,7 +27,7 @@ from coursetools.grading.execute import (
     execute_resilient,
 )
 from coursetools.notebooks import RAISES_TAG
-from coursetools.publish.i18n import N_, cells_language, testmessages
+from coursetools.publish.i18n import cells_language, testmessages
 from coursetools.grading.sandbox import (
     SandboxConfig,
     SandboxUnavailable,
@@ -139,10 +139,6 @@ def hint_output(chinese: str) -> NotebookNode:
         "text/plain": f"提示：{chinese}"})
 
 
-YOUR_CODE_RAISED = N_("your code raised {ename} while this test ran: the message above is your code's own, "
-                      "not the test's")
-
-
 def fold_fixes(cell: NotebookNode, assignment: str | None = None, chinese: bool = False) -> None:
     """A test cell's failure in feedback: the observation stays in the error, the fix
     (after hints.FIX_MARKER) moves under a collapsed "How to fix" after it. With `chinese`
@@ -160,10 +156,7 @@ def fold_fixes(cell: NotebookNode, assignment: str | None = None, chinese: bool 
         if fix:
             out.evalue = observed
             out.traceback = [f"{out.get('ename', 'Error')}: {observed}"]
-        said = testmessages.hint(assignment, observed) if chinese else ""
-        if chinese and not said and out.get("ename") != "AssertionError":
-            # not a check of the test that failed: an error of the student's code, in its own words
-            said = testmessages.hint(assignment, YOUR_CODE_RAISED.format(ename=out.get("ename", "Error")))
+        said = testmessages.failure_hint(assignment, out.get("ename", ""), observed) if chinese else ""
         if said:
             outputs.append(hint_output(said))
         if fix:

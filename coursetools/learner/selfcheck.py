@@ -255,7 +255,7 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
             lines += _chinese_lines(name, observed, 12)
         if fix and explain:
             lines.append(textwrap.indent(textwrap.fill(tr("How to fix: ") + _shorten(fix), width=96), " " * 14))
-            lines += _chinese_lines(name, fix, 14)
+            lines += _chinese_lines(name, fix, 14, fix=True)
     total = sum(r.score for r in results)
     possible = sum(r.max_score for r in results)
     lines += ["", tr("Score: {total}/{possible}   ({seconds} s)").format(
@@ -266,10 +266,12 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
     return "\n".join(lines) + format_findings(findings or [])
 
 
-def _chinese_lines(assignment: str, message: str, indent: int) -> list[str]:
+def _chinese_lines(assignment: str, message: str, indent: int, fix: bool = False) -> list[str]:
     if language() != "zh":
         return []
-    chinese = testmessages.hint(assignment, message)
+    ename = re.match(r"([A-Za-z_][\w.]*): ", message)
+    chinese = (testmessages.hint(assignment, message) if fix
+               else testmessages.failure_hint(assignment, ename.group(1) if ename else "AssertionError", message))
     if not chinese:
         return []
     return [" " * indent + line for line in wrap_columns(tr("Hint: ") + _shorten(chinese), 96 - indent)]

@@ -20,6 +20,7 @@ is graded at once, as many nbgrader processes at a time as the machine has cores
 
 from __future__ import annotations
 
+import ast
 import copy
 import html
 import math
@@ -35,7 +36,9 @@ import pytest
 from coursetools.author import fixture_groups, fixtures
 from coursetools import layout, notebooks
 from coursetools.author.nbgrader_course import NbgraderCourse
+from coursetools.grading import hints
 from coursetools.instructor import nbgrader_ext
+from coursetools.publish.i18n import testmessages
 from coursetools.publish.i18n import build as i18n_build
 from coursetools.publish.i18n import markdown as i18n_markdown
 
@@ -247,6 +250,24 @@ def _log_of(log_text: str, student: str) -> str:
     return "".join(marker + p for p in parts[1:] if p.startswith(f"'{student}'"))
 
 
+def _tests_own_message(source, gid: str, evalue: str) -> bool:
+    """Whether an AssertionError's message is one an `assert` or `raise` of the test cell wrote
+    (the feedback names the line: "(test line N)"), so that it must have a translation of its
+    own; not one the code under test raised in its own words (PyTorch's "Torch not compiled
+    with CUDA enabled" is an AssertionError too)."""
+    line = re.search(r"\(test line (\d+)\)", evalue)
+    cell = next((c for c in notebooks.test_cells(source) if notebooks.grade_id(c) == gid), None)
+    if line is None or cell is None:
+        return False
+    at = int(line.group(1))
+    for node in ast.walk(ast.parse(cell.source)):
+        wrote = isinstance(node, (ast.Assert, ast.Raise)) or (
+            isinstance(node, ast.Call) and getattr(node.func, "id", None) in testmessages.HINTED_CALLS)
+        if wrote and node.lineno <= at <= (node.end_lineno or node.lineno):
+            return True
+    return False
+
+
 def check_chinese_submission(g: Graded, student: str) -> None:
     """A Chinese submission scores what the English one does; nbgrader restores none of its
     cells but the test cells (their hidden tests come back, as for every submission); the
@@ -345,7 +366,10 @@ def _shard_class(name: str, index: int, students: list[str]) -> type:
                     error = next((o for o in folded.outputs if o.output_type == "error"), None)
                     said = error is not None and any(text.startswith("提示：") for text in shown)
                     fix_said = all("提示：" in text for text in shown if text.startswith("How to fix"))
-                    if not (said and fix_said):
+                    own = (error is not None and error.ename == "AssertionError"
+                           and _tests_own_message(g.source, gid, error.evalue))
+                    translated = error is not None and testmessages.hint(name, hints.split(error.evalue)[0])
+                    if not (said and fix_said) or (own and not translated):
                         message = f"{error.ename}: {error.evalue}" if error is not None else "(no error)"
                         missing.append(f"{student} {gid}: {' '.join(message.split())[:300]}")
             assert not missing, ("failing tests without their Chinese (translate the entries with msgctxt "

@@ -518,3 +518,22 @@ def test_myths_quote_the_comments_of_the_cells_that_prove_them(path):
             if not any(c.startswith(wanted) for c in plain):
                 stale.append(f"{quote!r} is no comment of {named}")
     assert not stale, f"{path}: " + "\n".join(stale)
+
+
+def test_readme_zh_shows_the_report_the_chinese_self_check_prints():
+    """README.zh-CN's sample of `make.py check` is the Chinese report (a ```text block,
+    translated whole), not the English one: its header and score lines are the self-check's
+    own words in Chinese (issue 38)."""
+    text = (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```text\n(.*?)```", text, re.S)
+    assert blocks, "README.zh-CN.md has no ```text sample"
+    sample = blocks[0].strip().splitlines()
+    i18n.set_language("zh")
+    try:
+        header = i18n.tr("Self-check of {path} (assignment {name}; {which}; your file is not modified)")
+        score = i18n.tr("Score: {total}/{possible}   ({seconds} s)")
+    finally:
+        i18n.set_language("en")
+    assert sample[0].startswith(header.split("{path}")[0]) and "work/zh/" in sample[0], sample[0]
+    assert sample[-1].startswith(score.split("{total}")[0]), sample[-1]
+    assert "Self-check" not in blocks[0] and "Score" not in blocks[0]

@@ -39,12 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coursetools import layout, notebooks
+from coursetools.publish.i18n import N_
 
 CONTEXT = "test message"
 GRADER_CONTEXT = "grader message"
 GRADER_MODULES = {"coursetools/grading/execute.py": {"error_output": 1},  # module -> call -> message argument
-                  "coursetools/instructor/nbgrader_ext.py": {"error_output": 1}}  # and N_("...")
-HINTED_CALLS = {"fix_hint": 0, "call_answer": 1, "expect_error": 2}  # function -> hint argument
+                  "coursetools/instructor/nbgrader_ext.py": {"error_output": 1},
+                  "coursetools/grading/guard.py": {},
+                  "coursetools/publish/i18n/testmessages.py": {}}  # and every N_("...") of these
+HINTED_CALLS = {"fix_hint": (0,), "call_answer": (1, 2), "expect_error": (2,)}  # function -> its hint (and fix) arguments
 MAX_WAYS = 8  # templates one message expression may give (if/else choices multiply)
 MIN_LETTERS = 6  # a template with fewer letters of text (e.g. "got {x}") is not worth translating
 
@@ -148,7 +151,8 @@ def _is_prose(node: ast.AST) -> bool:
     while re.search(r"\([^()]*\)", text):
         text = re.sub(r"\([^()]*\)", " ", text)
     text = re.sub(r"'[^']*'|\"[^\"]*\"", " ", text)
-    return len(re.findall(r"\b[A-Za-z]{2,}\b", text)) >= 2
+    words = [w for w in text.split() if re.fullmatch(r"[A-Za-z][a-z]+[,.;:!?]?", w)]  # not torch.cuda.x
+    return len(words) >= 2
 
 
 def _messages(tree: ast.AST, calls: dict[str, int] | None = None, statements: bool = True,
@@ -166,11 +170,33 @@ def _messages(tree: ast.AST, calls: dict[str, int] | None = None, statements: bo
         elif statements and isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
             found.append(node.exc.args[0])
         elif isinstance(node, ast.Call) and _name(node.func) in calls:
-            index = calls[_name(node.func)]
-            hint = node.args[index] if len(node.args) > index else next(
-                (k.value for k in node.keywords if k.arg in ("hint", "text")), None)
-            if hint is not None:
-                found.append(hint)
+            wanted = calls[_name(node.func)]
+            for index in (wanted if isinstance(wanted, tuple) else (wanted,)):
+                if len(node.args) > index:
+                    found.append(node.args[index])
+            found += [k.value for k in node.keywords if k.arg in ("hint", "text", "fix")]
+    return found
+
+
+def _prose_anywhere(tree: ast.AST) -> list[ast.AST]:
+    """Every text with words in it, outermost only, docstrings aside: in the helpers cell a
+    message is often built in pieces (a return value, a local `hint = ...`)."""
+    found: list[ast.AST] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            return  # a docstring
+        if isinstance(node, ast.FunctionDef) and node.name == "fix_hint":
+            return  # its words are the learner's own kernel's (coursetools/grading/hints.py)
+        if _is_text(node):
+            literal = "".join(p for way in _Reader({}).ways(node)[:1] for p in way if isinstance(p, str))
+            code = "\n" in literal and re.search(r"^\s*(def |import |from \w+ import )", literal, re.M)
+            if _is_prose(node) and not code:  # not a script the helpers write to a file
+                found.append(node)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+    visit(tree)
     return found
 
 
@@ -201,9 +227,9 @@ def _merge(parts: list) -> list:
 
 
 def templates_of(sources: list[str], calls: dict[str, int] | None = None, statements: bool = True,
-                 helpers: frozenset[str] = frozenset()) -> list[str]:
+                 helpers: frozenset[str] = frozenset(), shared_cells: int = 1, prose_cells: int = 0) -> list[str]:
     """The message templates (msgids) of cells' sources, in order, each once. The first
-    source is the helpers cell, whose constants every other cell may use."""
+    `shared_cells` sources are the helper cells, whose constants every other cell may use."""
     found: dict[str, None] = {}
     shared = _Reader({})
     for index, source in enumerate(sources):
@@ -213,9 +239,12 @@ def templates_of(sources: list[str], calls: dict[str, int] | None = None, statem
             continue
         reader = _Reader(dict(shared.constants))
         _constants(tree, reader)
-        if index == 0:
+        if index < shared_cells:
             shared.constants.update(reader.constants)
-        for node in _messages(tree, calls, statements, helpers):
+        nodes = _messages(tree, calls, statements, helpers)
+        if index < prose_cells:  # the helpers cell: its prose, wherever it is
+            nodes += _prose_anywhere(tree)
+        for node in nodes:
             if not _is_text(node) and not (isinstance(node, ast.Name) and node.id in reader.constants):
                 continue
             for way in reader.ways(node):
@@ -233,6 +262,9 @@ def exercise_templates(assignment: str, root: Path = layout.ROOT) -> list[tuple[
     cells = [c for c in nb.cells if c.cell_type == "code"
              and (notebooks.is_test_cell(c) or (notebooks.is_locked(c) and not notebooks.is_solution(c)))]
     helpers = [c for c in cells if not notebooks.is_test_cell(c)]
+    # the helpers cell first: its prose is read wherever it is; the other locked cells (setup,
+    # a cell that prints a question's answers) print to the notebook, not to a test's message
+    helpers.sort(key=lambda c: notebooks.grade_id(c) != "helpers")
     tests = [c for c in cells if notebooks.is_test_cell(c)]
     functions: set[str] = set()
     for cell in helpers:
@@ -244,7 +276,8 @@ def exercise_templates(assignment: str, root: Path = layout.ROOT) -> list[tuple[
     for cell in helpers + tests:
         where = notebooks.grade_id(cell) or "helpers"
         for msgid in templates_of([c.source for c in helpers] + ([cell.source] if cell in tests else []),
-                                  helpers=frozenset(functions)):
+                                  helpers=frozenset(functions), shared_cells=len(helpers),
+                                  prose_cells=sum(notebooks.grade_id(c) == "helpers" for c in helpers)):
             out.setdefault(msgid, where)
     return list(out.items())
 
@@ -300,7 +333,8 @@ class _Compiled:
 def _compile(msgid: str, msgstr: str) -> _Compiled:
     """The template as a regular expression over a message whose whitespace is collapsed.
     Its spaces must be there (". " is not the dot of "torch.float16"), except the one after
-    an empty hole: "got {a} and" reads "got and" when a is empty."""
+    an empty hole ("got {a} and" reads "got and" when a is empty) and one before an empty
+    last hole ("raised {name}: {exc}" reads "raised NotImplementedError:")."""
     regex, literals, names = [], [], []
     after_space = False
     for part in parse(msgid):
@@ -309,9 +343,13 @@ def _compile(msgid: str, msgstr: str) -> _Compiled:
             names.append(part.source)
         else:
             text = re.sub(r"\s+", " ", part)
-            pattern = re.escape(text)
-            if after_space and names and text.startswith(" "):
-                pattern = " ?" + re.escape(text[1:])
+            body = text[1:] if after_space and names and text.startswith(" ") else text
+            tail = body.endswith(" ") and len(body) > 1
+            pattern = re.escape(body[:-1] if tail else body)
+            if body is not text:  # the space after an empty hole: "got {a} and" reads "got and"
+                pattern = " ?" + pattern
+            if tail:  # before a hole: the space, or the end (an empty last hole: "raised X:")
+                pattern += "(?: |$)"
             regex.append(pattern)
             after_space = text.endswith(" ")
             if text.strip():
@@ -411,6 +449,26 @@ _ENAME = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Warning)\b: ")
 _TEST_LINE = re.compile(r"\s*\(test line \d+\)$")  # what feedback pages add (nbgrader_ext)
 
 
+YOUR_CODE_RAISED = N_("your code raised {ename} while this test ran: the message above is your code's own, "
+                      "not the test's")
+NOT_THE_TESTS = N_("this message is not one of the test's own: the code the test ran (yours, or PyTorch "
+                   "under it) raised it, in its own words")
+
+
+def failure_hint(assignment: str | None, ename: str, message: str, root: Path = layout.ROOT) -> str:
+    """The Chinese line for a failing test's message: its translation, or, for a message no
+    template reads, what it is: an error of the learner's code, or an AssertionError that
+    code raised (PyTorch's "Torch not compiled with CUDA enabled"), in its own words.
+    tests/course/test_grading.py holds the second case to messages no assert of a test wrote."""
+    from coursetools.publish.i18n import CJK
+
+    said = hint(assignment, message, root)
+    if said or not message.strip() or CJK.search(message):  # Chinese already: the self-check's words
+        return said
+    fallback = NOT_THE_TESTS if ename == "AssertionError" else YOUR_CODE_RAISED.format(ename=ename or "Error")
+    return translate(None, fallback, root) or ""
+
+
 def hint(assignment: str | None, message: str, root: Path = layout.ROOT) -> str:
     """The Chinese line for a failing test's English message (its observation, or its fix):
     "" when the message is Chinese already (the self-check's own words) or no template reads
@@ -420,5 +478,5 @@ def hint(assignment: str | None, message: str, root: Path = layout.ROOT) -> str:
 
     if not message.strip() or CJK.search(message):
         return ""
-    text = _TEST_LINE.sub("", _ENAME.sub("", message.strip(), count=1))
-    return translate(assignment, text, root) or ""
+    text = _TEST_LINE.sub("", message.strip())
+    return translate(assignment, _ENAME.sub("", text, count=1), root) or translate(assignment, text, root) or ""
