@@ -17,16 +17,19 @@ and a run's message "on a machine without any GPU expected cpu, got cuda:0" beco
 
 Extraction (`templates_of`) reads the course's source notebook (solutions/, hidden tests
 included: `make.py check` runs them) and takes the message of every `assert`, every `raise`,
-and the hint of `fix_hint`, `call_answer` and `expect_error`, in the test cells and the locked
-helpers cell. A message joined with `+`, or choosing between two texts with `... if ... else
-...`, gives one template per way it can read; a name bound to a constant string in the same
-cell (or the helpers cell) is inlined; anything else becomes a hole. `symptom + fix_hint(fix)`
-gives the symptom and the fix as templates of their own (coursetools/grading/hints.py splits
-them at run time).
+the hint (and fix) of `fix_hint`, `call_answer` and `expect_error`, the prose handed to any
+function of the helpers cell ("two passes over one Prefetcher"), and every sentence of the
+helpers cell itself (its helpers build messages in pieces). A message joined with `+`, or
+choosing between two texts with `... if ... else ...`, gives one template per way it can read;
+a name bound to a constant string in the same cell (or the helpers cell) is inlined; anything
+else becomes a hole. `symptom + fix_hint(fix)` gives the symptom and the fix as templates of
+their own (coursetools/grading/hints.py splits them at run time).
 
-Matching (`translate`): the message's whitespace is collapsed, and the template whose literal
-text covers most of it wins. A hole's value is translated in turn when it is itself a message
-(expect_error's "expected ValueError, got KeyError: ... <hint>" carries the test's hint).
+Matching (`translate`): the message's whitespace is collapsed and matched against every
+template; a hole's value is translated in turn when it is itself a message (expect_error's
+"expected ValueError, got KeyError: ... <hint>" carries the test's hint). Of the readings
+found, the one that leaves the least English wins. A message that no template reads, the
+learner's code raised in its own words: `failure_hint` says so.
 """
 
 from __future__ import annotations
