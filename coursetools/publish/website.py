@@ -530,8 +530,8 @@ def link_cells(text: str, dest: str) -> str:
 
 # Where a "proven in" names a cell: `course/NN.ipynb` §N, "# its comment line", or, later in
 # the same table cell, "# another comment line" of the lesson named last. (The Chinese edition
-# writes "，" for the comma and may quote with “ ”.)
-MYTH_CITE = re.compile(r"`course/(?P<nb>[\w.-]+\.ipynb)` (?P<section>§[\d.]+)(?P<sep>,\s*|，\s*)(?P<q>[\"“])(?=#)"
+# names `zh/course/NN.ipynb`, writes "，" for the comma and may quote with “ ”.)
+MYTH_CITE = re.compile(r"`(?:zh/)?course/(?P<nb>[\w.-]+\.ipynb)` (?P<section>§[\d.]+)(?P<sep>,\s*|，\s*)(?P<q>[\"“])(?=#)"
                        r"|(?P<q2>[\"“])(?=#)")
 CLOSING = {'"': '"', "“": "”"}
 
@@ -593,7 +593,7 @@ def myths_page(root: Path, pages, unlinked: list[str] | None = None, edition: Ed
 
     lines = []
     for line in text.split("\n"):
-        if line.startswith("|") and "`course/" in line:
+        if line.startswith("|") and ("`course/" in line or "`zh/course/" in line):
             head, _, last = line.rstrip().rstrip("|").rpartition("|")
             line = f"{head}|{proofs(last)}|"
         lines.append(line)
