@@ -168,7 +168,7 @@ def jupyter_env() -> dict[str, str]:
 
 # make.py subcommand -> the coursetools module that implements it, by whom it serves
 # (coursetools/__init__.py has the map): learner, instructor, author, evidence, publish.
-MODULES = {"check": "learner.selfcheck", "trace": "learner.trace",
+MODULES = {"check": "learner.checkd", "trace": "learner.trace",
            "grade-class": "instructor.classroom",
            "release": "author.release", "links": "author.links", "author-check": "author.authorcheck",
            "new-chapter": "author.newchapter", "cheatsheet": "author.cheatsheet", "figures": "author.figures_sync",

@@ -40,7 +40,7 @@ from nbclient.util import ensure_async
 from nbformat import NotebookNode, v4
 from traitlets import Integer
 
-from coursetools.grading import guard, remote
+from coursetools.grading import guard, remote, warm
 from coursetools import notebooks
 
 # One place for the limits: the self-check (coursetools.learner.selfcheck), grade-class
@@ -399,6 +399,9 @@ def execute_resilient(
             init += "\n__import__('torch').zeros(1, device='meta').add_(1)"
         run_nb = v4.new_notebook(metadata=nb.metadata)
         run_nb.cells = [guard._guard_cell(init, "init"), *nb.cells]
+    client_kwargs = dict(client_kwargs or {})
+    if "kernel_manager_class" not in client_kwargs and warm.enabled():
+        client_kwargs["kernel_manager_class"] = warm.PlainWarmKernelManager
     private = tempfile.mkdtemp(prefix="kernel-files-")
     try:
         report = _run(run_nb, cwd=cwd, timeout=timeout, kernel_name=kernel_name,

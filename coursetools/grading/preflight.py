@@ -24,7 +24,7 @@ import time
 
 from nbformat import v4
 
-from coursetools.grading import sandbox
+from coursetools.grading import sandbox, warm
 from coursetools.grading.execute import GUARD_TIMEOUT_S, KernelStartError, Outcome, execute_resilient
 
 PREFLIGHT_ENV = "COURSE_KERNEL_PREFLIGHT"
@@ -82,7 +82,7 @@ def check(config: sandbox.SandboxConfig, *, kernel_name: str = "python3", force:
         report = execute_resilient(
             nb, cwd=scratch, timeout=GUARD_TIMEOUT_S, kernel_name=kernel_name, max_restarts=0,
             env=env, guarded=False, budget=2 * GUARD_TIMEOUT_S,
-            client_kwargs={"kernel_manager_class": sandbox.kernel_manager_for(config, scratch)})
+            client_kwargs={"kernel_manager_class": warm.kernel_manager_for(config, scratch)})
     except KernelStartError as exc:
         raise PreflightError(_message("a kernel does not start here.", config, exc.stderr or str(exc))) from exc
     finally:

@@ -110,7 +110,7 @@ def _setpriv() -> list[str]:
             "--inh-caps=-all", "--bounding-set=-all"]
 
 
-def _recipe_args(recipe: str) -> tuple[list[str], list[str]]:
+def _recipe_args(recipe: str, keep_caps: bool = False) -> tuple[list[str], list[str]]:
     """(bwrap's own options, inside bwrap before the command) for a recipe.
 
     'userns' as root: bwrap (as root: it can reach every folder it binds) builds the
@@ -120,12 +120,19 @@ def _recipe_args(recipe: str) -> tuple[list[str], list[str]]:
     'userns' not as root: one bwrap in a user namespace, as the grader's own uid;
     'setpriv' (root, where user namespaces are refused): bwrap as root, then setpriv to
       nobody inside: no capabilities, no user namespace.
+
+    `keep_caps` (the warm-kernel zygote, 'userns' only): the process keeps every capability
+    *inside its own user namespace* (none outside it), so that each kernel it forks can make
+    namespaces and mounts of its own before it drops them all (coursetools.grading.warm).
     """
+    caps = ["--cap-add", "ALL"] if keep_caps else ["--cap-drop", "ALL"]
+    if keep_caps and recipe != "userns":
+        raise SandboxUnavailable("warm kernels need user namespaces (bwrap --unshare-user)")
     if recipe == "userns" and not is_root():
-        return ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"], []
+        return ["--unshare-user", "--disable-userns", *caps], []
     if recipe == "userns":
         stage2 = [shutil.which("bwrap") or "bwrap", "--unshare-user", "--disable-userns",
-                  "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL",
+                  "--uid", str(NOBODY), "--gid", str(NOBODY), *caps,
                   "--dev-bind", "/", "/", "--die-with-parent", "--"]
         return [], _setpriv() + stage2
     if recipe == "setpriv":
@@ -454,6 +461,7 @@ class FileSystemView:
     symlinks: dict[str, str]  # path -> target
     scratch: str | None
     tmpfs_bytes: int
+    tmpfs: list[str] = field(default_factory=list)  # empty writable tmpfs at these paths (a zygote's)
 
     def args(self) -> list[str]:
         ops: list[tuple[str, list[str]]] = []  # (target, bwrap options), emitted parents first
@@ -465,9 +473,11 @@ class FileSystemView:
             ops.append((path, ["--bind", path, path]))
         for path in self.hidden:
             ops.append((path, ["--perms", "0755", "--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", path]))
-        if self.scratch:
-            ops.append((self.scratch, ["--perms", "1777", "--size", str(self.tmpfs_bytes),
-                                       "--tmpfs", self.scratch]))
+        for path in [self.scratch] if self.scratch else []:
+            ops.append((path, ["--perms", "1777", "--size", str(self.tmpfs_bytes), "--tmpfs", path]))
+        for path in self.tmpfs:
+            if not _inside(path, "/tmp"):
+                ops.append((path, ["--perms", "1777", "--size", str(self.tmpfs_bytes), "--tmpfs", path]))
         mounts = {target for target, _ in ops}
         bound = [*self.binds, *self.writable]
         made: set[str] = {"/tmp"}
@@ -498,7 +508,8 @@ class FileSystemView:
         return sorted({*self.binds, *self.writable, *self.symlinks})
 
 
-def file_system_view(config: SandboxConfig, *, writable: list[str], scratch: str | None) -> FileSystemView:
+def file_system_view(config: SandboxConfig, *, writable: list[str], scratch: str | None,
+                     readable: list[str] = (), tmpfs: list[str] = ()) -> FileSystemView:
     """What a kernel with this configuration sees (see FileSystemView)."""
     hidden_rules = [*_hidden(config), *config.extra_hide]
     symlinks: dict[str, str] = {}
@@ -533,8 +544,10 @@ def file_system_view(config: SandboxConfig, *, writable: list[str], scratch: str
     # host's: every other grading kernel's cgroup and memory use. The kernel sees it empty.
     if "/sys" in binds and os.path.isdir(CGROUP_VIEW) and CGROUP_VIEW not in hidden:
         hidden.append(CGROUP_VIEW)
+    binds += [os.path.realpath(p) for p in readable if not any(_inside(os.path.realpath(p), b) for b in binds)]
     return FileSystemView(binds=sorted(binds), writable=writable, hidden=hidden,
-                          symlinks=symlinks, scratch=scratch, tmpfs_bytes=config.tmpfs_mb * MIB)
+                          symlinks=symlinks, scratch=scratch, tmpfs_bytes=config.tmpfs_mb * MIB,
+                          tmpfs=[os.path.realpath(p) for p in tmpfs])
 
 
 CGROUP_VIEW = "/sys/fs/cgroup"
@@ -589,19 +602,23 @@ def _nproc(recipe: str, config: SandboxConfig, cgroup: "Cgroup | None") -> int |
 
 
 def wrap_command(cmd: list[str], config: SandboxConfig, *, writable: list[str],
-                 scratch: str | None = None, cgroup: Cgroup | None = None) -> list[str]:
+                 scratch: str | None = None, cgroup: Cgroup | None = None,
+                 zygote: tuple[list[str], list[str]] | None = None) -> list[str]:
     """The kernel command `cmd`, inside bwrap with limits (or with limits only, mode 'off').
 
     `writable`: folders bound read-write (the connection folder); `scratch`: the kernel's
     working folder, whose files are copied into a size-capped tmpfs at the same path;
-    `cgroup`: the kernel's cgroup, joined before anything starts."""
+    `cgroup`: the kernel's cgroup, joined before anything starts. `zygote`: (read-only
+    folders, empty tmpfs folders) for a warm-kernel zygote, which keeps its capabilities
+    inside its own user namespace (see _recipe_args)."""
     if config.mode == "off":
         return _limits(config, nproc=None) + cmd
     recipe, exe = _isolation()
     if not recipe:
         raise SandboxUnavailable(exe)
-    own, inside = _recipe_args(recipe)
-    view = file_system_view(config, writable=writable, scratch=scratch)
+    own, inside = _recipe_args(recipe, keep_caps=zygote is not None)
+    readable, tmpfs = zygote or ([], [])
+    view = file_system_view(config, writable=writable, scratch=scratch, readable=readable, tmpfs=tmpfs)
     args = [exe, *own, *view.args()]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try", "--die-with-parent", "--new-session",

@@ -17,7 +17,7 @@ from nbgrader import utils
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
 from traitlets import Bool, Integer, List, Unicode
 
-from coursetools.grading import execute, guard, hints, review
+from coursetools.grading import execute, guard, hints, review, warm
 from coursetools import notebooks
 from coursetools.grading.execute import (
     BUDGET_ENAME,
@@ -243,7 +243,7 @@ class ResilientExecute(NbGraderPreprocessor):
                 max_restarts=self.max_restarts, env=kernel_env, guarded=self.tamper_checks,
                 budget=self.budget,
                 is_replayable=lambda c: not notebooks.is_test_cell(c),
-                client_kwargs={"kernel_manager_class": kernel_manager_for(config, scratch),
+                client_kwargs={"kernel_manager_class": warm.kernel_manager_for(config, scratch),
                                "max_output_bytes": self.max_output_bytes,
                                "max_total_output_bytes": self.max_total_output_bytes},
             )

@@ -348,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lang", choices=("en", "zh"), default=None,
                         help="the report's language (default: Chinese for a notebook of the Chinese "
                              "edition); with a chapter, also which of your copies to check")
+    parser.add_argument("--no-daemon", action="store_true",
+                        help="check in this process only (by default a check after the first is run by a "
+                             "warm background daemon: coursetools/learner/checkd.py)")
     args = parser.parse_args(argv)
     given = str(args.notebook)
     chapter = None if args.notebook.exists() else chapter_named(str(args.notebook))
