@@ -241,6 +241,13 @@ class Channel:
             if msg is not None and (msg.get("parent_header") or {}).get("msg_id") == self.msg_id:
                 self.reply = msg.get("content") or {}
             self._drain_iopub()
+            now = time.monotonic()
+            if self.reply is None and now - self.alive_checked > 1.0:
+                # A kernel that died during the test (whose code caught the error that said
+                # so) never replies: without this, the test would wait out its time limit.
+                self.alive_checked = now
+                if not self._alive():
+                    raise KernelGone("the kernel died")
         # The idle status follows the reply: read what the request printed up to it.
         end = time.monotonic() + 5.0
         while not self.idle and time.monotonic() < end:
@@ -1089,6 +1096,10 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
     except TestTimeout:
         session.close()
         return TestResult(False, _stream(out.getvalue()), "CellTimeoutError", "", timed_out=True)
+    except KernelGone as exc:
+        session.close()
+        return TestResult(False, _stream(out.getvalue() + "".join(channel.stdout)), "DeadKernelError",
+                          str(exc), crashed=True)
     outputs = _stream(out.getvalue() + "".join(channel.stdout))
     if channel.stderr:
         outputs.append(v4.new_output("stream", name="stderr", text="".join(channel.stderr)))

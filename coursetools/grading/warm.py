@@ -94,7 +94,12 @@ class Zygote:
             for folder in (self.runtime, self.spool):
                 os.chown(folder, sandbox.NOBODY, sandbox.NOBODY)
                 os.chmod(folder, 0o755)
-        cmd = [sys.executable, "-c", source(), json.dumps(list(modules))]
+        # Its program, where the sandbox lets it read it (the course's tools are hidden there).
+        program = os.path.join(self.runtime, "zygote.py")
+        with open(program, "w") as f:
+            f.write(source())
+        os.chmod(program, 0o444)
+        cmd = [sys.executable, program, json.dumps(list(modules))]
         env = sandbox.sandbox_env(config) if self.sandboxed else dict(os.environ)
         if config is None:  # no sandbox and no limits: as nbclient's own kernel manager
             pass
@@ -158,7 +163,7 @@ class Zygote:
               cgroup: sandbox.Cgroup | None, folder: str) -> "WarmProcess":
         """Fork a kernel. `folder`: its runtime sub-folder (holding `connection_file`)."""
         key = os.path.basename(folder)
-        ctl_path = os.path.join(self.runtime, f"ctl-{key}.sock")
+        ctl_path = os.path.join(self.runtime, f"c{key}")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(ctl_path)
         os.chmod(ctl_path, 0o666)
@@ -383,7 +388,7 @@ class WarmProvisioner(LocalProvisioner):
     def _relocate(self, km, zygote: Zygote) -> None:
         """The connection file and sockets go to a sub-folder of the zygote's runtime folder,
         the only one its kernels can write to; the working folder's files to its spool."""
-        key = uuid.uuid4().hex[:16]
+        key = uuid.uuid4().hex[:8]  # short: socket paths are limited to 108 bytes
         folder = os.path.join(zygote.runtime, key)
         os.mkdir(folder, 0o755)
         self.folders = (folder, os.path.join(zygote.spool, key))

@@ -54,10 +54,15 @@ def _fingerprint() -> str:
     return digest.hexdigest()[:20]
 
 
+SOCKET_PATH_MAX = 107 - 16  # a Unix socket's path (108 bytes), less the temporary suffix
+
+
 def _folder() -> Path | None:
     """A folder only this user can open, or None (then no daemon: checks stay cold)."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     folder = Path(base) / "course-check" if base else Path("/tmp") / f"course-check-{os.getuid()}"
+    if len(os.fsencode(folder)) + 26 > SOCKET_PATH_MAX:  # too long for a socket's name
+        folder = Path("/tmp") / f"course-check-{os.getuid()}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
         info = os.lstat(folder)
@@ -222,7 +227,8 @@ def serve(idle_s: float | None = None) -> int:
             except socket.timeout:
                 return 0
             with conn:
-                _handle(conn, selfcheck)
+                if _handle(conn, selfcheck) == "stop":
+                    return 0
             if not path.exists():
                 return 0  # removed by hand: stop
     finally:
@@ -233,14 +239,32 @@ def serve(idle_s: float | None = None) -> int:
         warm.POOL.close()
 
 
-def _handle(conn: socket.socket, selfcheck) -> None:
+def stop(path: Path | None = None) -> bool:
+    """Ask the daemon of this checkout to stop now: whether one answered."""
+    path = path or socket_path()
+    if path is None or not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        try:
+            conn.connect(str(path))
+            _send(conn, {"op": "stop"})
+            return (_recv(conn) or {}).get("kind") == "stopped"
+        except OSError:
+            return False
+
+
+def _handle(conn: socket.socket, selfcheck) -> str | None:
     pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                       struct.calcsize("3i")))
     if uid != os.getuid():
-        return
+        return None
     request = _recv(conn)
     if not request:
-        return
+        return None
+    if request.get("op") == "stop":
+        _send(conn, {"kind": "stopped"})
+        return "stop"
     saved_env = {k: os.environ.get(k) for k in PASSED_ENV}
     saved_cwd = os.getcwd()
     try:

@@ -25,10 +25,10 @@ from coursetools.grading.execute import Outcome, execute_resilient
 
 OK, WHY = sandbox.bwrap_works()
 SANDBOXED = pytest.param("bwrap", marks=pytest.mark.skipif(not OK, reason=f"no working bubblewrap: {WHY}"))
-MARK = "course-warm-leak-marker"
 
-HOSTILE = [
-    f"""
+
+def hostile(MARK: str) -> list[str]:
+    return [f"""
 import os, sys, socket, threading, subprocess, builtins, json, torch
 for folder in ("/tmp", "/dev/shm", os.getcwd(), os.path.dirname(__import__('ipykernel').get_connection_file())):
     try:
@@ -42,10 +42,11 @@ threading.Thread(target=__import__('time').sleep, args=(600,), name="{MARK}", da
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{MARK}"], start_new_session=True)
 listener = socket.socket(socket.AF_UNIX); listener.bind("\\0{MARK}"); listener.listen()
 print("ppid", os.getppid())
-""",
-]
+"""]
 
-PROBE = f"""
+
+def probe(MARK: str) -> str:
+    return f"""
 import os, sys, socket, threading, builtins, json, torch
 def visible_processes():
     found = []
@@ -117,22 +118,23 @@ def _zygotes(mode):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", [SANDBOXED, "off"])
 def test_a_hostile_kernel_leaves_nothing_for_the_next(mode, scratch, monkeypatch):
+    mark = f"course-warm-leak-{mode}-{os.getpid()}"  # this test's own (tests run in parallel)
     try:
-        _hostile_then_probe(mode, scratch, monkeypatch)
+        _hostile_then_probe(mode, scratch, monkeypatch, mark)
     finally:  # without the sandbox, a process that left its session outlives its kernel
-        subprocess.run(["pkill", "-9", "-f", MARK], check=False)
+        subprocess.run(["pkill", "-9", "-f", mark], check=False)
 
 
-def _hostile_then_probe(mode, scratch, monkeypatch):
-    nb, report = run(HOSTILE, mode, scratch(), monkeypatch=monkeypatch)
+def _hostile_then_probe(mode, scratch, monkeypatch, mark):
+    nb, report = run(hostile(mark), mode, scratch(), monkeypatch=monkeypatch)
     assert report.outcomes == [Outcome.OK], nb.cells[0].outputs
     zygotes = _zygotes(mode)
     assert len(zygotes) == 1, "the hostile notebook did not run in a warm kernel"
     forks = zygotes[0].forks
-    after, _ = run([PROBE], mode, scratch(), monkeypatch=monkeypatch)
+    after, _ = run([probe(mark)], mode, scratch(), monkeypatch=monkeypatch)
     assert zygotes[0].forks == forks + 1, "the probe did not run in a kernel of the same zygote"
     seen = json.loads(_text(after, 0))
-    cold, _ = run([PROBE], mode, scratch(), warm_on=False, monkeypatch=monkeypatch)
+    cold, _ = run([probe(mark)], mode, scratch(), warm_on=False, monkeypatch=monkeypatch)
     assert seen == json.loads(_text(cold, 0)), f"warm {seen} != cold {_text(cold, 0)}"
     assert seen["env"] is None and seen["randn"] == "Tensor", seen
     assert not seen["builtin"] and seen["threads"] == [] and seen["cwd_files"] == ["shipped.txt"], seen
@@ -143,7 +145,7 @@ def _hostile_then_probe(mode, scratch, monkeypatch):
         # Its own network namespace: the abstract socket left listening is not there.
         assert seen["abstract"] == "unreachable", seen
         # The hostile kernel's cgroup (and its escaped `sleep`) were killed with it.
-        leftover = subprocess.run(["pgrep", "-f", MARK], capture_output=True, text=True).stdout.split()
+        leftover = subprocess.run(["pgrep", "-f", mark], capture_output=True, text=True).stdout.split()
         assert leftover == [], f"processes left by the hostile kernel: {leftover}"
 
 
