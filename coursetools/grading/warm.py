@@ -60,6 +60,8 @@ MODULES = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython.core.interactiv
            "torch.testing", "torch.utils.benchmark", "torch.multiprocessing")
 START_TIMEOUT_S = 120  # a zygote's imports (PyTorch), on a loaded machine
 FORK_TIMEOUT_S = 30
+RETRY_AFTER_S = 600  # after a zygote failed to start, kernels start cold this long
+MAX_IDLE = 2  # idle zygotes kept per process (one per grading thread is what is reused)
 PING_TIMEOUT_S = 3  # an idle zygote answers at once; a stopped one never (then: a new one)
 log = logging.getLogger("coursetools.warm")
 
@@ -87,9 +89,17 @@ class Zygote:
         self.runtime = tempfile.mkdtemp(prefix="course-zygote-")
         self.spool = tempfile.mkdtemp(prefix="course-spool-")
         self.scratch_root = os.path.realpath(tempfile.gettempdir())
-        self._lock = threading.Lock()
         self.cgroup = None
+        self.process = None
         self.stderr = tempfile.TemporaryFile()
+        self.forks = 0
+        try:
+            self._start(config, modules)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, config, modules) -> None:
         if self.sandboxed and sandbox.is_root():
             for folder in (self.runtime, self.spool):
                 os.chown(folder, sandbox.NOBODY, sandbox.NOBODY)
@@ -101,15 +111,13 @@ class Zygote:
         os.chmod(program, 0o444)
         cmd = [sys.executable, program, json.dumps(list(modules))]
         env = sandbox.sandbox_env(config) if self.sandboxed else dict(os.environ)
-        if config is None:  # no sandbox and no limits: as nbclient's own kernel manager
-            pass
-        elif self.sandboxed:
+        if self.sandboxed:
             kind = sandbox.cgroup_kind()
             if kind:  # the zygote's own memory: capped like a kernel's
                 self.cgroup = sandbox.Cgroup.create(kind, config.memory_mb * sandbox.MIB, config.max_processes)
             cmd = sandbox.wrap_command(cmd, config, writable=[self.runtime], cgroup=self.cgroup,
                                        zygote=([self.spool], [self.scratch_root]))
-        else:
+        elif config is not None:  # config None: no sandbox and no limits, as nbclient's own kernels
             cmd = sandbox.wrap_command(cmd, config, writable=[])
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.stderr, env=env, cwd="/", start_new_session=True)
@@ -117,10 +125,8 @@ class Zygote:
         if not self.ready.get("ready"):
             raise ZygoteError(f"the zygote did not start: {self.ready}")
         if self.ready.get("threads") != 1:
-            self.close()
             raise ZygoteError(f"the zygote has {self.ready.get('threads')} threads after its imports: "
                               "forking it would be unsafe")
-        self.forks = 0
 
     def _read(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout)
@@ -220,6 +226,9 @@ class Zygote:
             return None
 
     def close(self) -> None:
+        if self.process is None:
+            self._remove()
+            return
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -234,6 +243,9 @@ class Zygote:
                 stream.close()
             except OSError:
                 pass
+        self._remove()
+
+    def _remove(self) -> None:
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
@@ -305,25 +317,29 @@ class _Pool:
     def __init__(self):
         self._idle: dict[object, list[Zygote]] = {}
         self._all: list[Zygote] = []
+        self._order: list[Zygote] = []  # idle ones, least recently used first
         self._lock = threading.Lock()
-        self.failures: dict[object, str] = {}
+        self.failures: dict[object, float] = {}  # configuration -> when a zygote last failed
 
     def acquire(self, config: sandbox.SandboxConfig | None) -> Zygote | None:
         key = config
         with self._lock:
-            if key in self.failures:
+            failed = self.failures.get(key)
+            if failed is not None and time.monotonic() - failed < RETRY_AFTER_S:
                 return None
             idle = self._idle.setdefault(key, [])
             while idle:
                 zygote = idle.pop()
+                self._order = [z for z in self._order if z is not zygote]
                 if zygote.responsive():
                     return zygote
+                self._all = [z for z in self._all if z is not zygote]
                 zygote.close()
         try:
             zygote = Zygote(key)
         except (ZygoteError, sandbox.SandboxUnavailable, OSError) as exc:
             with self._lock:
-                self.failures[key] = str(exc)
+                self.failures[key] = time.monotonic()
             log.warning("warm kernels unavailable, starting kernels cold: %s", exc)
             return None
         with self._lock:
@@ -331,18 +347,34 @@ class _Pool:
         return zygote
 
     def release(self, zygote: Zygote) -> None:
+        """Back to the idle ones. At most MAX_IDLE stay (the least recently used go): a
+        process that grades for many configurations (a test run: each course hides its own
+        folders) would otherwise keep a zygote, and its 200-300 MB, for each."""
+        closing = []
         with self._lock:
             if zygote.alive():
                 self._idle.setdefault(zygote.config, []).append(zygote)
+                self._order = [z for z in self._order if z is not zygote] + [zygote]
             else:
-                zygote.close()
+                closing.append(zygote)
+            idle = [z for z in self._order if any(z in zs for zs in self._idle.values())]
+            for old in idle[:max(0, len(idle) - MAX_IDLE)]:
+                self._idle[old.config].remove(old)
+                closing.append(old)
+            self._order = [z for z in self._order if z not in closing]
+            self._all = [z for z in self._all if z not in closing]
+        for old in closing:
+            old.close()
 
     def discard(self, zygote: Zygote) -> None:
+        with self._lock:
+            self._all = [z for z in self._all if z is not zygote]
+            self._order = [z for z in self._order if z is not zygote]
         zygote.close()
 
     def close(self) -> None:
         with self._lock:
-            zygotes, self._all, self._idle = self._all, [], {}
+            zygotes, self._all, self._idle, self._order = self._all, [], {}, []
         for zygote in zygotes:
             zygote.close()
 
