@@ -46,7 +46,11 @@ import time
 import uuid
 from pathlib import Path
 
+from queue import Empty
+
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import ensure_async
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from coursetools.grading import sandbox
@@ -56,12 +60,14 @@ ENV = "COURSE_WARM_KERNELS"
 # torch._dynamo (with SymPy) comes with the first TorchDispatchMode, which the chapters'
 # helpers use to count copies: 1.4 s in every kernel that imports it itself.
 MODULES = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython.core.interactiveshell",
+           "ipykernel.debugger", "debugpy", "psutil", "sqlite3", "IPython.core.history",
            "numpy", "torch", "torch.nn", "torch.utils.data", "torch._dynamo", "torch.distributed",
            "torch.testing", "torch.utils.benchmark", "torch.multiprocessing")
 START_TIMEOUT_S = 120  # a zygote's imports (PyTorch), on a loaded machine
 FORK_TIMEOUT_S = 30
 RETRY_AFTER_S = 600  # after a zygote failed to start, kernels start cold this long
 MAX_IDLE = 2  # idle zygotes kept per process (one per grading thread is what is reused)
+QUICK_FLUSH_S = 0.02
 PING_TIMEOUT_S = 3  # an idle zygote answers at once; a stopped one never (then: a new one)
 log = logging.getLogger("coursetools.warm")
 
@@ -470,11 +476,51 @@ def _fd(stream) -> int | None:
     return stream if isinstance(stream, int) else stream.fileno()
 
 
+class QuickReadyClient(AsyncKernelClient):
+    """jupyter_client's kernel client, but ready 0.2 s sooner: once the kernel_info reply
+    and an IOPub message have arrived, it flushes IOPub until 20 ms pass without a message,
+    not 200 ms (a fixed 0.2 s of every kernel start; a message that comes later belongs to
+    no cell and every reader of the notebook's cells ignores it)."""
+
+    async def _async_wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.time() + (float("inf") if timeout is None else timeout)
+        while True:
+            self.kernel_info()
+            try:
+                msg = await ensure_async(self.shell_channel.get_msg(timeout=1))
+            except Empty:
+                pass
+            else:
+                if msg["msg_type"] == "kernel_info_reply":
+                    try:  # IOPub connected? If not, start over (as jupyter_client does)
+                        await ensure_async(self.iopub_channel.get_msg(timeout=0.2))
+                    except Empty:
+                        pass
+                    else:
+                        self._handle_kernel_info_reply(msg)
+                        break
+            if not await self._async_is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.time() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+        while True:
+            try:
+                await ensure_async(self.iopub_channel.get_msg(timeout=QUICK_FLUSH_S))
+            except Empty:
+                break
+
+    wait_for_ready = _async_wait_for_ready
+
+
 class _WarmMixin:
     """The kernel's provisioner forks it from a zygote; the zygote goes back to the pool
     only once the kernel's cgroup, and every process left in it, is gone."""
 
     warm_zygote: Zygote | None = None
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.client_factory = QuickReadyClient
 
     async def _async_pre_start_kernel(self, **kw):
         if self.provisioner is None:
