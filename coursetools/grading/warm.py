@@ -68,6 +68,7 @@ FORK_TIMEOUT_S = 30
 RETRY_AFTER_S = 600  # after a zygote failed to start, kernels start cold this long
 MAX_IDLE = 2  # idle zygotes kept per process (one per grading thread is what is reused)
 QUICK_FLUSH_S = 0.02
+RUNTIME_TMPFS_MB = 4  # the zygote's program and one kernel's sockets at a time
 PING_TIMEOUT_S = 3  # an idle zygote answers at once; a stopped one never (then: a new one)
 log = logging.getLogger("coursetools.warm")
 
@@ -97,6 +98,7 @@ class Zygote:
         self.scratch_root = os.path.realpath(tempfile.gettempdir())
         self.cgroup = None
         self.process = None
+        self.mounted = False
         self.stderr = tempfile.TemporaryFile()
         self.forks = 0
         try:
@@ -107,6 +109,10 @@ class Zygote:
 
     def _start(self, config, modules) -> None:
         if self.sandboxed and sandbox.is_root():
+            # The kernels' connection folders lie in `runtime`: a small tmpfs, as a cold
+            # kernel's is, so that no kernel can fill the grader's disk through it.
+            self.mounted = sandbox._mount_tmpfs(self.runtime, f"size={RUNTIME_TMPFS_MB}m,mode=0755,"
+                                                              f"uid={sandbox.NOBODY},gid={sandbox.NOBODY}")
             for folder in (self.runtime, self.spool):
                 os.chown(folder, sandbox.NOBODY, sandbox.NOBODY)
                 os.chmod(folder, 0o755)
@@ -255,6 +261,9 @@ class Zygote:
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
+        if self.mounted:
+            sandbox._umount(self.runtime)
+            self.mounted = False
         shutil.rmtree(self.runtime, ignore_errors=True)
         shutil.rmtree(self.spool, ignore_errors=True)
 
