@@ -11,8 +11,9 @@ about 1.5 s instead of 7-9 s for chapter 01 on a 2-core machine (benchmarks/warm
 The daemon is the learner's own process, like a compiler's build daemon:
   * its socket lies in a folder only the user can open (0700, theirs, checked), and it
     answers only its own user (the socket's peer credentials);
-  * one per course checkout and version of the course's tools: after a `git pull` or an
-    edit of coursetools/, the next check starts a new one (the old one times out);
+  * one per course checkout and version of the course's tools and of PyTorch: after a
+    `git pull`, an edit of coursetools/ or an upgrade of torch, the next check starts a new
+    one (the old one times out);
   * it stops by itself after COURSE_CHECK_IDLE_S seconds without a check (default 900);
   * it runs one check at a time, each in a freshly forked kernel (nothing of one check's
     code reaches the next: coursetools.grading.warm).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -48,7 +50,12 @@ PASSED_ENV = ("COLUMNS", "LINES", "NO_COLOR", "LANG", "LC_ALL", "COURSE_LANG", "
 def _fingerprint() -> str:
     """The course's tools as they are now: a daemon started from other code is not used."""
     digest = hashlib.sha256(f"{ROOT}\0{sys.executable}\0{os.getuid()}".encode())
-    for path in sorted((ROOT / "coursetools").rglob("*.py")):
+    paths = sorted((ROOT / "coursetools").rglob("*.py"))
+    for name in ("torch", "ipykernel", "nbclient"):  # upgraded in .venv: a new daemon
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            paths.append(Path(spec.origin))
+    for path in paths:
         info = path.stat()
         digest.update(f"{path}\0{info.st_mtime_ns}\0{info.st_size}\n".encode())
     return digest.hexdigest()[:20]
