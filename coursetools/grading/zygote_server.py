@@ -30,6 +30,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -97,25 +98,63 @@ def _copy_tree(src, dst):
                     b.write(chunk)
 
 
+def _under(path, folder):
+    return path != folder and path.startswith(folder.rstrip("/") + "/")
+
+
+def _mounts():
+    """(mount id, parent id, mount point, read-only) of this mount namespace."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            out.append((fields[0], fields[1], point, "ro" in fields[5].split(",")))
+    return out
+
+
 def _isolate(spec, cwd, connection_file):
     """In the forked child, before any student code: a view of its own (see the module)."""
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     size = spec["tmpfs_bytes"]
-    # /dev/shm first: a fresh tmpfs, where this kernel's connection folder and its input are
-    # bound while the folders that hold them are covered (a bind must come from this mount
-    # namespace: it cannot be made from a file descriptor opened before the unshare).
+    covered = []  # folders that get a new, empty tmpfs of this kernel's own
+    for path in ("/tmp", spec["scratch_root"], spec["runtime"], spec["spool"]):
+        if not any(path == c or _under(path, c) for c in covered):
+            covered.append(path)
+    # What the sandbox shows inside those folders (a venv or Python under /tmp, a folder the
+    # grader exposed) must stay: those mounts are moved aside, and back onto the new tmpfs.
+    # The zygote's own folders (its runtime and spool) are not: the kernel never sees them.
+    hidden = (spec["runtime"], spec["spool"])
+    candidates = {(point, ro) for _, _, point, ro in _mounts()
+                  if any(_under(point, c) for c in covered)
+                  and not any(point == h or _under(point, h) for h in hidden)}
+    # the outermost ones (a recursive bind carries what lies inside them)
+    keep = sorted((point, ro) for point, ro in candidates
+                  if not any(_under(point, other) for other, _ in candidates))
+    # /dev/shm first: a fresh tmpfs, where the kept mounts, this kernel's connection folder and
+    # its input wait while the folders that hold them are covered (a bind must come from this
+    # mount namespace: not from a file descriptor opened before the unshare).
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+    staged = []
+    for i, (point, ro) in enumerate(keep):
+        stage = f"/dev/shm/.keep{i}"
+        os.mkdir(stage)
+        _mount(point, stage, None, MS_BIND | MS_REC)
+        staged.append((stage, point, ro))
     stage = {"runtime": "/dev/shm/.runtime", "input": "/dev/shm/.input"}
     mine = os.path.dirname(connection_file)
     for name, source in (("runtime", mine), ("input", spec["input"])):
         os.mkdir(stage[name])
         _mount(source, stage[name], None, MS_BIND)
-    fresh = ["/dev/shm"]  # folders now covered by a new, empty tmpfs of this kernel's own
-    for path in ("/tmp", spec["scratch_root"], spec["runtime"], spec["spool"]):
-        if not any(path == f or path.startswith(f.rstrip("/") + "/") for f in fresh):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
-            fresh.append(path)
+    for path in covered:
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+    for source, point, ro in staged:
+        os.makedirs(point, mode=0o755, exist_ok=True)
+        _mount(source, point, None, MS_MOVE)
+        if ro:
+            _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.rmdir(source)
     os.makedirs(mine, exist_ok=True)
     _mount(stage["runtime"], mine, None, MS_MOVE)
     # The working folder, as a cold kernel has it: a capped tmpfs at the same path, with the
