@@ -32,7 +32,6 @@ from coursetools.grading.sandbox import (
     SandboxConfig,
     SandboxUnavailable,
     bwrap_works,
-    kernel_manager_for,
     resolve_mode,
     sandbox_env,
 )

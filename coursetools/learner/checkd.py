@@ -262,7 +262,7 @@ def stop(path: Path | None = None) -> bool:
 
 
 def _handle(conn: socket.socket, selfcheck) -> str | None:
-    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                       struct.calcsize("3i")))
     if uid != os.getuid():
         return None
