@@ -3,10 +3,17 @@
 tests/grading/test_layouts.py grades as `course-grader` (made by .ci/run);
 tests/instructor/test_jupyterhub.py makes an instructor and three students of its own and runs
 their JupyterHub servers as them. Both need what root's own Python does not give another
-user on CI: pyenv's interpreter lies under /root (mode 0700). So a user's virtual
-environment is made from a Python 3.<same minor> that user may run (Debian's
-/usr/bin/python3.X, which .ci/run installs), and reaches this suite's packages through a
-`.pth` file (a hard-linked copy of them where the user cannot read the originals).
+user on CI: pyenv's interpreter lies under /root (mode 0700).
+
+A user must run the very interpreter this suite's packages were installed for, not merely one
+of the same minor version: soupsieve 3 and 4 need Python 3.11.5, and under Debian's 3.11.2
+its selector parser breaks nbconvert's HTML export (issue 59: every feedback page failed). So
+where the user cannot run ours, they get a copy of it: its installation, hard-linked (no
+site-packages), in a folder every user may cross, with the executable's library search path
+(RUNPATH) pointed at the copy's own libpython. `venv()` checks that the user's environment
+reports this interpreter's exact version and build, and fails at once naming both otherwise.
+The user's virtual environment reaches this suite's packages through a `.pth` file (a
+hard-linked copy of them where the user cannot read the originals).
 tests/ is on sys.path (tests/conftest.py), so each imports it as `unix_users`.
 """
 
@@ -84,16 +91,87 @@ def can(who, cmd: list[str]) -> bool:
     return subprocess.run(as_user(who, cmd), capture_output=True, timeout=60).returncode == 0
 
 
-def interpreter(who) -> str:
-    """A Python 3.<same minor> that `who` can run."""
-    base = getattr(sys, "_base_executable", sys.executable)
-    candidates = [base, f"/usr/bin/python3.{sys.version_info.minor}"]
-    for exe in candidates:
-        if os.path.exists(exe) and can(who, [exe, "-c", "pass"]):
-            return exe
+def _build() -> str:
+    """This interpreter's version and build, as a user's environment must report it."""
+    return f"{sys.version} {sys.implementation.cache_tag} {sysconfig.get_config_var('SOABI')}"
+
+
+BUILD_PROBE = ("import sys, sysconfig; print(f\"{sys.version} {sys.implementation.cache_tag} "
+               "{sysconfig.get_config_var('SOABI')}\")")
+
+
+def _relocated_copy(base: Path) -> Path:
+    """A copy of this interpreter's installation (sys.base_prefix) in `base`, hard-linked where
+    the file system allows, without its site-packages and its test suite; returns its python.
+    A Python built with a shared libpython finds it through the RUNPATH compiled into the
+    executable (pyenv: /root/.pyenv/versions/X/lib), which another user cannot reach: the
+    loader would then take the system's libpython3.X (Debian's older build). The copy's
+    executable (a real copy, not a link) gets `$ORIGIN/../lib` in its place, written over the
+    old path inside the ELF string table (the new string is shorter; the rest is NULs)."""
+    prefix = Path(sys.base_prefix)
+    dest = base / "python-build"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    exe = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    target = dest / "bin" / exe.name
+    if target.exists():
+        return target
+
+    def link(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    skip = shutil.ignore_patterns("site-packages", "test", "__pycache__", "idlelib", "tkinter", "turtledemo")
+    (dest / "bin").mkdir(parents=True)
+    shutil.copytree(prefix / "lib" / version, dest / "lib" / version, ignore=skip, copy_function=link,
+                    symlinks=True)
+    (dest / "lib" / version / "site-packages").mkdir()
+    for lib in (prefix / "lib").glob("libpython*"):
+        if lib.is_symlink():
+            os.symlink(os.readlink(lib), dest / "lib" / lib.name)
+        else:
+            link(lib, dest / "lib" / lib.name)
+    data = exe.read_bytes()
+    old = str(prefix / "lib").encode()
+    if old + b"\0" in data:
+        new = b"$ORIGIN/../lib"
+        if len(new) > len(old):
+            raise RuntimeError(f"cannot rewrite the RUNPATH {old!r} of {exe} in place")
+        data = data.replace(old + b"\0", new + b"\0" * (len(old) - len(new) + 1))
+    target.write_bytes(data)
+    target.chmod(0o755)
+    for path in [dest, *dest.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)
+    return target
+
+
+def interpreter(who, base: Path | None = None) -> str:
+    """This very interpreter, or (given `base`) a relocated copy of it, that `who` can run."""
+    exe = getattr(sys, "_base_executable", sys.executable)
+    if can(who, [exe, "-c", "pass"]):
+        return exe
     name = who.pw_name if who else "this user"
-    pytest.skip(f"no Python 3.{sys.version_info.minor} that {name} may run ({', '.join(candidates)}; "
-                f"Debian: apt-get install python3.{sys.version_info.minor})")
+    if base is None:
+        pytest.fail(f"{name} cannot run {exe}, the Python this suite's packages were installed for, "
+                    "and no folder was given for a copy of it")
+    copy = str(_relocated_copy(base))
+    if not can(who, [copy, "-c", "pass"]):
+        pytest.fail(f"{name} cannot run {copy}, the copy of {exe} made for them")
+    return copy
+
+
+def check_build(who, python: Path) -> None:
+    """Fail at once, naming both, when `python` run as `who` is not this interpreter's build."""
+    proc = subprocess.run(as_user(who, ["env", "-i", str(python), "-c", BUILD_PROBE]),
+                          capture_output=True, text=True, timeout=60)
+    theirs, ours = proc.stdout.strip(), _build()
+    if proc.returncode != 0 or theirs != ours:
+        name = who.pw_name if who else "this user"
+        pytest.fail(f"{name}'s Python {python} is not the build this suite's packages were installed for: "
+                    f"it reports {theirs or proc.stderr.strip()[-500:]!r}, this suite runs {ours!r} "
+                    "(issue 59: a package that needs a newer patch release then breaks as that user)")
 
 
 def _readable_copy(who, source: str, probe: str, dest: Path) -> str:
@@ -127,9 +205,15 @@ def venv(who, where: Path, base: Path, copies: bool = False, interpreter_for=Non
     user who must be able to run it, where that is not `who` (a system-wide environment that
     root makes for everyone)."""
     runner = interpreter_for or who
-    cmd = [interpreter(runner), "-m", "venv", "--without-pip", *(["--copies"] if copies else []), str(where)]
+    base_python = interpreter(runner, base)
+    cmd = [base_python, "-m", "venv", "--without-pip", *(["--copies"] if copies else []), str(where)]
     subprocess.run(as_user(who, cmd), check=True, capture_output=True, timeout=120)
     python = where / "bin" / "python"
+    if copies:  # the copied executable looks for libpython in $ORIGIN/../lib: the venv's lib/
+        for lib in Path(base_python).resolve().parent.parent.glob("lib/libpython*"):
+            shutil.copy2(lib, where / "lib" / lib.name, follow_symlinks=True)
+            chown_tree(where / "lib" / lib.name, who)
+    check_build(runner, python)
     purelib = subprocess.run(as_user(who, [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]),
                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
     pth = Path(purelib) / "course_suite_packages.pth"

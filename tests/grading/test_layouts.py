@@ -16,8 +16,9 @@ the sandbox and asserts the score:
 
 each as root and as `course-grader`, an unprivileged user that `.ci/run` creates with
 `useradd`. The base interpreter is this suite's (on CI: pyenv's, under /root), or for the
-unprivileged user Debian's /usr/bin/python3.X where root's is out of its reach; the
-packages are this suite's, reached through a `.pth` file. A case that grades with
+unprivileged user a relocated copy of that same build where root's is out of its reach
+(tests/unix_users.py; never another build, issue 59); the packages are this suite's,
+reached through a `.pth` file. A case that grades with
 `grade-class` goes through the real command; the others through the step nbgrader's
 autograde runs for every submission (ResilientExecute, after the preflight its hook runs).
 A last case is a layout the sandbox must refuse: grading stops before the first submission,
@@ -148,6 +149,9 @@ def _layout(case: str, who, base: Path) -> tuple[Path, Path, dict[str, str]]:
     _chown(base, who)
     python = _venv(who, home / ".venv" if case == "venv-in-home" else clone / ".venv", base,
                    copies=case == "venv-in-home")
+    # nbconvert's templates (the feedback page), which pip puts in the environment's
+    # share/jupyter: the .pth reaches the packages, this reaches their data.
+    env["JUPYTER_PATH"] = unix_users.jupyter_data(who, base)
     env["PATH"] = f"{python.parent}{os.pathsep}{env['PATH']}"  # nbgrader runs alembic from there
     return clone, python, env
 
