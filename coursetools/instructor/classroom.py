@@ -35,8 +35,10 @@ Symbolic links in a submission folder are moved to `quarantine/` before grading:
 copies what a link points to, as the grader, where the student's code could read it.
 
 A broken submission never stops the others: the summary says why that one has no grade.
-Exit status: 0 when every submission was graded, 1 otherwise, 2 when grading could not
-start (or another grade-class holds the course), 128 + the signal's number when stopped.
+Exit status: 0 when every submission was graded and got its feedback page, 1 when any was not
+graded or got no feedback page (its flag and a last line on stderr say why: nbgrader's own
+error), 2 when grading could not start (or another grade-class holds the course), 128 + the
+signal's number when stopped.
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ class Result:
     @property
     def graded(self) -> bool:
         return self.score is not None
+
+    @property
+    def has_feedback(self) -> bool:
+        return not any(flag.startswith(NO_FEEDBACK) for flag in self.flags)
+
+
+NO_FEEDBACK = "NO FEEDBACK"  # the flag's prefix: a graded submission whose feedback page is missing
 
 
 class Progress:
@@ -142,6 +151,9 @@ class Classroom:
         self.extra = [f"--CourseDirectory.db_url={db_url}"] if db_url else []
         self.log_path = log or self.course / "grading.log"
         self.lost: dict[tuple[str, str], str] = {}
+        # (assignment, student) -> nbgrader's error where it graded a submission but wrote no
+        # feedback page (the Recorder's; an older run's missing page is found by results())
+        self.no_feedback: dict[tuple[str, str], str] = {}
 
     @property
     def gradebook_url(self) -> str:
@@ -331,6 +343,7 @@ class Classroom:
             progress.step(f"{job.student} ({job.assignment})")
             if stop.requested:
                 break
+        self.no_feedback.update(getattr(recorder, "feedback_errors", {}))
         run.seconds = progress.close()
         return run
 
@@ -380,8 +393,11 @@ class Classroom:
                 result.flags.extend(self.quarantined(student, assignment))
                 result.flags.extend(f"review: {finding}" for finding in review.review_notebook(graded_nb))
                 feedback = self.course / "feedback" / student / assignment / f"{assignment}.html"
-                if (self.course / "feedback").is_dir() and not feedback.exists():
-                    result.flags.append("NO FEEDBACK: nbgrader wrote none for this submission (see grading.log)")
+                if not feedback.exists():
+                    why = self.no_feedback.get((assignment, student))
+                    result.flags.append(f"{NO_FEEDBACK}: nbgrader's generate_feedback failed: {why} (grading.log)"
+                                        if why else f"{NO_FEEDBACK}: nbgrader wrote none for this submission "
+                                        "(see grading.log)")
                 out.append(result)
         return out
 
@@ -812,8 +828,21 @@ def _run(room: Classroom, args, names: list[str], config) -> int:
     if args.json:
         args.json.write_text(json.dumps(
             {a: [r.__dict__ for r in rs] for a, rs in results.items()}, indent=1))
-    ungraded = [r for rs in results.values() for r in rs if not r.graded]
-    return 1 if ungraded else 0
+    every = [r for rs in results.values() for r in rs]
+    ungraded = [r for r in every if not r.graded]
+    without = [r for r in every if r.graded and not r.has_feedback]
+    if without:
+        # A script running grade-class (a hub's cron job, a CI job) must notice: the grades are in
+        # grades.csv, but no student can read why (issue 59: a broken HTML export wrote no page).
+        causes = sorted({f.split(": ", 1)[1] for r in without for f in r.flags if f.startswith(NO_FEEDBACK)})
+        message = (f"error: {len(without)} of {len(every)} graded submission(s) got no feedback page; "
+                   f"run grade-class again once the cause is fixed (it regrades only those). "
+                   f"Cause: {causes[0]}" + (f" (and {len(causes) - 1} other)" if len(causes) > 1 else ""))
+        print(message, file=sys.stderr)
+        _log(room, message)
+    # The exit status (docs/INSTRUCTORS.md, "Exit status"): 0 every submission graded with its
+    # feedback page; 1 some were not graded or got no feedback page; 2 nothing graded (set-up).
+    return 1 if ungraded or without else 0
 
 
 if __name__ == "__main__":

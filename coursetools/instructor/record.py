@@ -23,6 +23,7 @@ import hashlib
 import io
 import logging
 import pickle
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,8 @@ class Recorder:
         self.config.Autograde.pre_convert_hook = None  # the workers ran the preflight
         self.log_path = log_path
         self.feedback_from_workers = 0
+        # (assignment, student) -> why nbgrader's generate_feedback wrote no page (its own error)
+        self.feedback_errors: dict[tuple[str, str], str] = {}
 
     def _folder(self, kind: str, outcome: Outcome) -> Path:
         return Path(self.config.CourseDirectory.root) / kind / outcome.student / outcome.assignment
@@ -247,7 +250,21 @@ class Recorder:
         app.force = True
         ok_feedback, log = _capture(app)
         self._write_log(f"$ generate_feedback {outcome.assignment} {outcome.student}", log)
+        if not ok_feedback:
+            self.feedback_errors[(outcome.assignment, outcome.student)] = error_line(log)
         return True
+
+
+def error_line(log: str) -> str:
+    """The last exception a converter's log names ("SelectorSyntaxError: Invalid character
+    ..."), past nbgrader's own wrapper ("NbGraderException: Please see the above traceback"),
+    or its last non-empty line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    found = [line for line in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*:", line)]
+    causes = [line for line in found if "NbGraderException" not in line] or found
+    if causes:
+        return causes[-1][:300]
+    return lines[-1][:300] if lines else "no error was logged"
 
 
 def now() -> str:

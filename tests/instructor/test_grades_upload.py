@@ -118,3 +118,48 @@ def test_formgraders_autograde_dialog_says_only_what_matters(tmp_path):
     assert any("executed in" in line for line in lines), lines
     noisy = [line for line in lines if not line.startswith("[INFO]")]
     assert not noisy, f"Formgrader's dialog would show: {noisy[:10]}"
+
+
+@pytest.mark.timeout(300)
+def test_a_class_whose_feedback_fails_exits_1_with_nbgraders_error(tmp_path):
+    """Issue 59: an HTML export that fails for every student (there: soupsieve under an older
+    Python; here: a feedback template that raises) used to leave grade-class at exit status 0.
+    Now it exits 1, its last line on stderr says how many got no page and gives nbgrader's own
+    error, the row's flag says it, and the grades are still exported."""
+    import os
+    import subprocess
+    import sys
+
+    from coursetools.author import fixtures
+    from coursetools.author.nbgrader_course import NbgraderCourse
+    from coursetools.grading import sandbox
+
+    from nbgrader.converters import GenerateFeedback
+
+    name = "02_to_semantics"
+    # A step of the feedback export that raises, as soupsieve's parser did inside nbconvert's.
+    (tmp_path / "broken_feedback.py").write_text(
+        "from nbconvert.preprocessors import Preprocessor\n"
+        "class Boom(Preprocessor):\n"
+        "    def __call__(self, nb, resources):  # (nbconvert calls a step only when it is enabled)\n"
+        "        raise ValueError('this_export_step_is_broken')\n")
+    steps = [f"{c.__module__}.{c.__name__}" for c in GenerateFeedback().preprocessors] + ["broken_feedback.Boom"]
+    course = NbgraderCourse(tmp_path / "course", [name],
+                            extra_config=f"c.GenerateFeedback.preprocessors = {steps!r}\n")
+    course.submit("solved", name, fixtures.solved_release(name))
+    cmd = [sys.executable, "-m", "coursetools.instructor.classroom", name, "--course", str(course.root),
+           "--jobs", "1", "--timeout", "120", "--json", str(tmp_path / "result.json")]
+    if not sandbox.bwrap_works()[0]:
+        cmd.append("--unsandboxed-as-root")
+    env = layout.env_with_course_tools()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, cwd=layout.ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr[-3000:])
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 1 graded submission(s) got no feedback page"), proc.stderr[-2000:]
+    assert "ValueError: this_export_step_is_broken" in last, last
+    result = json.loads((tmp_path / "result.json").read_text())[name][0]
+    assert result["score"] == result["max_score"] > 0, result
+    assert any(f.startswith("NO FEEDBACK: nbgrader's generate_feedback failed:") for f in result["flags"]), result
+    rows = list(csv.DictReader(open(course.root / "grades.csv")))
+    assert [r["status"] for r in rows] == ["graded"], rows

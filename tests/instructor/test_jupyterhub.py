@@ -12,9 +12,10 @@ on one server, and runs a class through it:
 * the students' global Jupyter config, `deploy/jupyterhub/etc-jupyter/`, in the place of
   /etc/jupyter (`COURSE_ETC_JUPYTER`), and nbgrader's shared exchange, a folder of mode 1777;
 * the instructor's course: a fresh copy of this checkout in their home, with its .venv.
-  Python for every user is Debian's python3.X (root's may lie under /root), reaching this
-  suite's packages through a .pth file, in place of the pip install `make.py` would run
-  (tests/unix_users.py).
+  Python for every user is this suite's own interpreter, or where root's lies under /root a
+  relocated copy of that same build (never Debian's python3.X: packages installed for 3.11.7
+  broke under 3.11.2, issue 59), reaching this suite's packages through a .pth file, in
+  place of the pip install `make.py` would run (tests/unix_users.py).
 
 Then, in Chromium, one browser context (its own cookies) per user:
 1. the instructor logs in and releases 01 in Formgrader (Generate, then Release);
@@ -33,7 +34,7 @@ given a db_url, as the guide says). Screenshots of each step go to test-artifact
 run's to test-artifacts/screenshots/, committed), and the
 time of each step to test-artifacts/hub-class-<gradebook>.txt. Skipped, with a message, where
 the suite is not root (users are made and servers started as them), or where Chromium,
-configurable-http-proxy, Debian's python3.X or PostgreSQL is missing (.ci/run installs them).
+configurable-http-proxy or PostgreSQL is missing (.ci/run installs them).
 """
 
 from __future__ import annotations
@@ -174,6 +175,20 @@ def _answers(kind: str) -> dict[str, str]:
     return {k: every[k] for k in keep}
 
 
+def _feedback_written(course: Path, proc) -> None:
+    """Each student's feedback page exists after grade-class; otherwise fail with the errors
+    grading.log holds for the feedback step (nbgrader's own)."""
+    missing = [name for name in STUDENTS
+               if not (course / "feedback" / name / CHAPTER / f"{CHAPTER}.html").is_file()]
+    if not missing:
+        return
+    log = (course / "grading.log").read_text(errors="replace") if (course / "grading.log").exists() else ""
+    errors = [line for line in log.splitlines()
+              if re.search(r"(Error|Exception)\b.*:", line) and "Traceback" not in line]
+    pytest.fail(f"grade-class (exit status {proc.returncode}) wrote no feedback page for {missing}; "
+                f"grading.log's errors:\n" + "\n".join(errors[-15:]) + f"\n\nstderr:\n{proc.stderr[-2000:]}")
+
+
 @pytest.fixture
 def class_users():
     require()
@@ -259,6 +274,9 @@ def test_a_class_on_jupyterhub(gradebook, class_users, base, request):
                                                  str(course_python), "make.py", "grade-class", CHAPTER]),
                     cwd=course, capture_output=True, text=True, timeout=1200)
             (ARTIFACTS / f"hub-{gradebook}-grade-class.txt").write_text(proc.stdout + "\n" + proc.stderr[-6000:])
+            # Every student's feedback page, checked here and now: a failed export fails with
+            # nbgrader's own error from grading.log, not minutes later as a browser timeout.
+            _feedback_written(course, proc)
             assert proc.returncode == 0, f"grade-class: {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
             with open(course / "grades.csv", newline="") as f:
                 rows = {r["student_id"]: r for r in csv.DictReader(f) if r["assignment"] == CHAPTER}
