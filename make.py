@@ -5,6 +5,9 @@
                                         (your copies in work/; --instructor: Formgrader;
                                         --lang zh: the Chinese edition, JupyterLab in Chinese)
     python3 make.py test                install (first time) and run the whole test suite
+                                        (the tested versions of requirements-lock.txt)
+    python3 make.py lock                refresh requirements-lock.txt: the newest versions the
+                                        requirements allow, resolved now (then run the tests)
     python3 make.py check NOTEBOOK      grade one exercise notebook you edited
     python3 make.py trace SCRIPT [ARGS] run a script under the device tracer: a device error names
                                         the line that made each tensor (--pretend-cuda: on a laptop)
@@ -51,6 +54,15 @@ STAMP = VENV / ".course-installed"
 DEV_STAMP = VENV / ".course-installed-dev"
 REQUIREMENTS = ROOT / "requirements.txt"
 DEV_REQUIREMENTS = ROOT / "requirements-dev.txt"
+# The versions the test suite was last run with: `make.py test` and CI install exactly these
+# (as pip constraints), so an upstream release cannot break a submission that changed nothing
+# (issue 59: soupsieve 4 broke every feedback page under a Python older than 3.11.5).
+# Learners' installs (`make.py lab`, `make.py check`) keep requirements.txt's ranges.
+# Refresh on purpose: `python3 make.py lock`, then `python3 make.py test`, commit both.
+LOCK = ROOT / "requirements-lock.txt"
+# Never pinned by the lock: torch is course.toml's [torch] tested (or TORCH_SPEC), and its
+# CUDA companions follow the torch build; pip and setuptools belong to the environment.
+UNLOCKED_PREFIXES = ("torch", "nvidia-", "triton", "pip", "setuptools", "cuda-")
 
 if sys.version_info < (3, 11):
     sys.exit(f"error: Python 3.11 or newer is needed, this is {sys.version.split()[0]}: "
@@ -106,11 +118,17 @@ def layers(dev: bool) -> list[tuple[Path, Path, str]]:
     """(requirements file, its stamp, the digest the stamp holds once installed) for each layer
     of .venv: the course's packages, and with `dev` the tests' on top."""
     out, base_digest = [], ""
+    lock = LOCK.read_bytes() if dev and LOCK.exists() else b""
     for requirements, stamp in [(REQUIREMENTS, STAMP)] + ([(DEV_REQUIREMENTS, DEV_STAMP)] if dev else []):
         base_digest = hashlib.sha256(
-            base_digest.encode() + requirements.read_bytes() + torch_spec_wanted().encode()).hexdigest()
+            base_digest.encode() + requirements.read_bytes() + torch_spec_wanted().encode() + lock).hexdigest()
         out.append((requirements, stamp, base_digest))
     return out
+
+
+def lock_args(dev: bool) -> list[str]:
+    """pip's `-c requirements-lock.txt` for the test suite's installs; nothing for learners'."""
+    return ["-c", str(LOCK)] if dev and LOCK.exists() else []
 
 
 def ensure_env(dev: bool) -> Path:
@@ -134,7 +152,7 @@ def ensure_env(dev: bool) -> Path:
                 # Installed on its own first, so the range in requirements.txt is already
                 # met and pip does not reach for the newest (multi-GB) build.
                 run(pip + [torch_spec])
-        run(pip + ["-r", requirements])
+        run(pip + ["-r", requirements, *lock_args(dev)])
         stamp.write_text(digest)
     install_site_files(py)
     return py
@@ -153,6 +171,48 @@ def install_site_files(py: Path) -> None:
                 partial = target.with_name(f".{target.name}.{os.getpid()}")
                 partial.write_text(text)
                 os.replace(partial, target)  # a Python starting meanwhile sees all or nothing
+
+
+def refresh_lock() -> int:
+    """requirements-lock.txt from what pip resolves now for requirements-dev.txt (and the tested
+    torch), as into an empty environment: nothing is installed (`pip install --dry-run
+    --ignore-installed --report`). Then `make.py test` installs it and runs the suite on it."""
+    import json
+    import platform
+    import tempfile
+
+    py = venv_python() if venv_python().exists() else Path(sys.executable)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--dry-run",
+               "--ignore-installed", "--report", str(report), "-r", str(DEV_REQUIREMENTS), torch_spec_wanted()]
+        print("+", " ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            print("error: pip could not resolve requirements-dev.txt; requirements-lock.txt is unchanged",
+                  file=sys.stderr)
+            return 1
+        items = json.loads(report.read_text())["install"]
+    pins = sorted((item["metadata"]["name"].lower().replace("_", "-"), item["metadata"]["version"])
+                  for item in items)
+    pins = [(name, version) for name, version in pins if not name.startswith(UNLOCKED_PREFIXES)]
+    versions = subprocess.run([str(py), "-c", "import sys; print(sys.version.split()[0])"],
+                              capture_output=True, text=True).stdout.strip()
+    old = {line.split("==")[0]: line.split("==")[1] for line in LOCK.read_text().splitlines()
+           if "==" in line and not line.startswith("#")} if LOCK.exists() else {}
+    LOCK.write_text(
+        "# The versions the test suite runs on: `python3 make.py test` and CI install exactly these\n"
+        "# (pip constraints over requirements-dev.txt's ranges). Learners' installs keep the ranges.\n"
+        "# Written by `python3 make.py lock` (resolved for Python "
+        f"{versions} on {platform.system()} {platform.machine()}); never edit by hand.\n"
+        "# Not pinned here: torch (course.toml [torch] tested), its CUDA companions, pip, setuptools.\n"
+        + "".join(f"{name}=={version}\n" for name, version in pins))
+    changed = [f"{name} {old.get(name, '(new)')} -> {version}" for name, version in pins if old.get(name) != version]
+    gone = sorted(set(old) - {name for name, _ in pins})
+    print(f"{LOCK.name}: {len(pins)} packages; {len(changed)} changed" + (":" if changed else ""))
+    for line in changed + [f"{name} removed" for name in gone]:
+        print(f"  {line}")
+    print("Now run `python3 make.py test` (it installs these) and commit requirements-lock.txt with the result.")
+    return 0
 
 
 def jupyter_env() -> dict[str, str]:
@@ -196,6 +256,8 @@ def main(argv: list[str]) -> int:
             os.chdir(ROOT)
             os.execve(cmd[0], cmd, env)
         run(cmd, cwd=ROOT, env=env)
+    elif command == "lock":
+        return refresh_lock()
     elif command == "test":
         py = ensure_env(dev=True)
         # The whole suite (no arguments: the README's command, what CI runs) is spread over a

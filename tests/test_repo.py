@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from pathlib import Path
 
 from coursetools import layout
 
@@ -108,3 +109,50 @@ def test_every_chapter_is_in_the_readme_course_map():
         rel = f"exercises/{name}/{name}.ipynb"
         assert f"({rel})" in readme, f"README course map has no link to {rel}"
         assert cfg.colab_url(rel) in readme, f"README course map has no Colab link for {rel}"
+
+
+def _lock() -> dict[str, str]:
+    text = (ROOT / "requirements-lock.txt").read_text()
+    return {line.split("==")[0]: line.split("==")[1] for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_the_lock_pins_every_test_requirement_within_its_range():
+    """requirements-lock.txt (issue 59): every package requirements.txt and requirements-dev.txt
+    name is pinned there, at a version their ranges accept, and torch is not (course.toml's
+    tested release, or TORCH_SPEC, decides it). A hand edit or a stale lock fails here."""
+    from packaging.requirements import Requirement
+
+    lock = _lock()
+    assert all(re.fullmatch(r"[a-z0-9][a-z0-9.-]*", name) for name in lock), "names are written normalised"
+    assert not [n for n in lock if n.startswith(("torch", "nvidia-", "triton"))], "the lock must not pin torch"
+    wanted = [Requirement(line) for f in ("requirements.txt", "requirements-dev.txt")
+              for line in _req_lines((ROOT / f).read_text())]
+    problems = []
+    for req in wanted:
+        name = req.name.lower().replace("_", "-")
+        if name == "torch":
+            continue
+        if name not in lock:
+            problems.append(f"{name}: not in the lock")
+        elif not req.specifier.contains(lock[name], prereleases=True):
+            problems.append(f"{name}=={lock[name]} is outside {req}")
+    assert not problems, "requirements-lock.txt is stale: run `python3 make.py lock`:\n" + "\n".join(problems)
+
+
+def test_the_suites_install_uses_the_lock_and_a_learners_does_not(monkeypatch):
+    """make.py test (and every command needing the test packages) installs with the lock as pip
+    constraints, and its stamps change when the lock does; make.py lab and check keep the ranges."""
+    import make
+
+    assert make.lock_args(True) == ["-c", str(ROOT / "requirements-lock.txt")]
+    assert make.lock_args(False) == []
+    base, learner = make.layers(dev=True), make.layers(dev=False)
+    original = make.LOCK.read_bytes()
+    monkeypatch.setattr(make.LOCK.__class__, "read_bytes",
+                        lambda self: original + b"# changed\n" if self == make.LOCK else Path.read_bytes(self))
+    changed = make.layers(dev=True)
+    assert [d for *_, d in base] != [d for *_, d in changed], "a refreshed lock must reinstall"
+    assert make.layers(dev=False) == learner, "a learner's install must not depend on the lock"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python3 make.py test" in ci

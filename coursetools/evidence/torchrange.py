@@ -20,6 +20,7 @@ Exit status: 0 every notebook passed, 1 some failed, 2 the release could not be 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -105,9 +106,14 @@ def ensure_venv(version: str) -> Path:
     """The environment for `version`, made on first use; its Python."""
     root = venvs_root() / version
     python = _python(root)
-    specs = [f"torch=={version}", *COMPANIONS]
+    # The companions at the versions the suite is tested with (requirements-lock.txt, which
+    # pins no torch): an upstream release cannot break this run either (issue 59).
+    lock = layout.ROOT / "requirements-lock.txt"
+    specs = [f"torch=={version}", *COMPANIONS, *(["-c", str(lock)] if lock.exists() else [])]
+    lock_digest = hashlib.sha256(lock.read_bytes()).hexdigest() if lock.exists() else ""
     stamp = root / STAMP
-    if python.exists() and stamp.exists() and json.loads(stamp.read_text()).get("specs") == specs:
+    if (python.exists() and stamp.exists() and json.loads(stamp.read_text()).get("specs") == specs
+            and json.loads(stamp.read_text()).get("lock", "") == lock_digest):
         print(f"Reusing the torch {version} environment in {root}", flush=True)
         return python
     print(f"Making a virtual environment for torch {version} in {root}", flush=True)
@@ -121,7 +127,7 @@ def ensure_venv(version: str) -> Path:
     result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *specs], env=_pip_env())
     if result.returncode != 0:
         raise SystemExit(2)
-    stamp.write_text(json.dumps({"specs": specs, "download_bytes": size,
+    stamp.write_text(json.dumps({"specs": specs, "lock": lock_digest, "download_bytes": size,
                                  "install_seconds": round(time.perf_counter() - start, 1)}, indent=1))
     print(f"Installed in {time.perf_counter() - start:.0f} s", flush=True)
     return python
