@@ -24,7 +24,7 @@ from coursetools.grading.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # n
 from coursetools.instructor import exchange  # noqa: E402
 from coursetools.instructor.nbgrader_ext import (  # noqa: E402
     FEEDBACK_FILTERS, ClearHiddenTestsSafely, OverwriteCellsQuietly, ResilientExecute, RestoreDeletedAnswers,
-    SafeOutputs, TagStubCells, feedback_template_dirs, preflight_hook,
+    SafeOutputs, StripSolutionsOnly, TagStubCells, feedback_template_dirs, preflight_hook,
 )
 
 c.CourseDirectory.root = _ROOT
@@ -32,9 +32,11 @@ c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "exercises"
 # Every student-visible cell keeps its place; locked cells are restored on grading.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
-# nbgrader's default list, plus the nbval tags for the release (see TagStubCells).
+# nbgrader's default list, plus the nbval tags for the release (see TagStubCells), after the
+# solutions-only regions are gone (StripSolutionsOnly: a Predict question's proof, which holds
+# its answer key, stays in solutions/; neither the release nor the gradebook gets it).
 c.GenerateAssignment.preprocessors = [
-    IncludeHeaderFooter, InstantiateTests, LockCells, ClearSolutions, ClearOutput,
+    StripSolutionsOnly, IncludeHeaderFooter, InstantiateTests, LockCells, ClearSolutions, ClearOutput,
     CheckCellMetadata, ComputeChecksums, SaveCells, ClearHiddenTests, ClearMarkScheme,
     ComputeChecksums, CheckCellMetadata, TagStubCells,
 ]

@@ -18,6 +18,13 @@ BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
 BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 END_HIDDEN = "### END HIDDEN TESTS"
+# A region of a locked cell that only the course's source holds (solutions/): the release, its
+# gradebook and a learner's self-check never see it (nbgrader_ext.StripSolutionsOnly, issue 53).
+# A Predict question's "run this after you've answered" cell keeps there its proof that the
+# reference answers are what this PyTorch does: nbval runs it in solutions/, test-torch on every
+# release (fixtures.solved_release_with_proofs).
+BEGIN_SOLUTIONS_ONLY = "### BEGIN SOLUTIONS ONLY"
+END_SOLUTIONS_ONLY = "### END SOLUTIONS ONLY"
 # The stub nbgrader writes in place of a solution (nbgrader_config.py sets the same one).
 CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 # nbval permits (does not require) an exception in a cell with this tag.
@@ -124,6 +131,30 @@ def strip_solution_markers(source: str) -> str:
         if line.strip() not in (BEGIN_SOLUTION, END_SOLUTION)
     ]
     return "\n".join(keep)
+
+
+def strip_solutions_only(source: str) -> str:
+    """`source` without its `### BEGIN/END SOLUTIONS ONLY` regions (the marker lines included);
+    unchanged when it has none. An unclosed region is an error, not a silent cut to the end."""
+    if BEGIN_SOLUTIONS_ONLY not in source:
+        return source
+    out: list[str] = []
+    inside = False
+    for line in source.split("\n"):
+        stripped = line.strip()
+        if stripped == BEGIN_SOLUTIONS_ONLY:
+            if inside:
+                raise ValueError(f"nested {BEGIN_SOLUTIONS_ONLY}")
+            inside = True
+        elif stripped == END_SOLUTIONS_ONLY:
+            if not inside:
+                raise ValueError(f"{END_SOLUTIONS_ONLY} without {BEGIN_SOLUTIONS_ONLY}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{BEGIN_SOLUTIONS_ONLY} without {END_SOLUTIONS_ONLY}")
+    return "\n".join(out).rstrip("\n")
 
 
 def clear_solution(source: str, stub: str = CODE_STUB) -> str:

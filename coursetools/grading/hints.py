@@ -18,6 +18,15 @@ holds every copy to this one.
 from __future__ import annotations
 
 FIX_MARKER = "\nHow to fix: "
+# A Predict question's "what really happens": its hidden test prints a line that starts so,
+# once the learner has answered (issue 53: the key is never in the release). `make.py check`
+# shows it under the question, passed or failed; a feedback page shows the cell's output.
+REVEAL_PREFIX = "What really happens"
+
+
+def reveals(text: str) -> list[str]:
+    """The reveal lines of a test cell's printed output."""
+    return [line.strip() for line in text.splitlines() if line.strip().startswith(REVEAL_PREFIX)]
 
 HELPER_SOURCE = '''\
 SHOW_FIXES = False  # set SHOW_FIXES = True in a cell of your own, then rerun a test, to see how to fix it

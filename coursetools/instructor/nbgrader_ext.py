@@ -37,6 +37,20 @@ from coursetools.grading.sandbox import (
 )
 
 
+class StripSolutionsOnly(NbGraderPreprocessor):
+    """Remove every `### BEGIN/END SOLUTIONS ONLY` region (notebooks.strip_solutions_only) before
+    nbgrader computes checksums and saves the source cells: the release, and the gradebook
+    that restores locked cells at grading, never hold it. A Predict question's proof lives there
+    (its reference answers checked against what PyTorch does), so no answer key reaches a
+    learner's notebook or kernel (issue 53)."""
+
+    def preprocess_cell(self, cell: NotebookNode, resources: ResourcesDict,
+                        cell_index: int) -> Tuple[NotebookNode, ResourcesDict]:
+        if cell.cell_type == "code":
+            cell.source = notebooks.strip_solutions_only(cell.source)
+        return cell, resources
+
+
 class TagStubCells(NbGraderPreprocessor):
     """Tag the release's answer and test cells so nbval permits their stub errors.
 

@@ -40,7 +40,7 @@ import tempfile
 import textwrap
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbformat import NotebookNode, v4
@@ -60,6 +60,7 @@ class QuestionResult:
     score: float
     max_score: float
     message: str = ""
+    reveal: list[str] = field(default_factory=list)  # a Predict question's "what really happens"
 
 
 def _strip_hidden(source: str) -> str:
@@ -125,6 +126,8 @@ def rebuild(learner: NotebookNode, source: NotebookNode, visible_only: bool = Fa
             new.source = mine.source if mine is not None else notebooks.clear_solution(cell.source)
         elif visible_only and notebooks.is_test_cell(cell):
             new.source = _strip_hidden(cell.source)
+        if new.cell_type == "code" and not notebooks.is_solution(cell):
+            new.source = notebooks.strip_solutions_only(new.source)  # as the release and gradebook have it
         if new.cell_type == "code":
             new.outputs, new.execution_count = [], None
         cells.append(new)
@@ -209,6 +212,8 @@ def score_cells(nb: NotebookNode, outcomes: list[Outcome]) -> list[QuestionResul
             score=max_score if ran_clean else 0.0,
             max_score=max_score,
             message="" if ran_clean else _message(cell, outcomes[i]),
+            reveal=hints.reveals("".join(out.get("text", "") for out in cell.get("outputs", [])
+                                         if out.output_type == "stream" and out.get("name") == "stdout")),
         ))
     return results
 
@@ -256,6 +261,8 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
         if fix and explain:
             lines.append(textwrap.indent(textwrap.fill(tr("How to fix: ") + _shorten(fix), width=96), " " * 14))
             lines += _chinese_lines(name, fix, 14, fix=True)
+        for reveal in r.reveal:  # after the learner's answer was graded, right or wrong
+            lines.append(textwrap.indent(textwrap.fill(reveal, width=96), " " * 12))
     total = sum(r.score for r in results)
     possible = sum(r.max_score for r in results)
     lines += ["", tr("Score: {total}/{possible}   ({seconds} s)").format(

@@ -3,7 +3,9 @@
 One run per notebook proves four things at once (each run costs 5-30 s, so it is done once):
 
 * **Colab stand-alone.** Each lesson, and each released exercise with the reference answers
-  typed in (`fixtures.solved_release`), is copied alone into an empty folder and run in a
+  typed in and each Predict question's proof put back (`fixtures.solved_release_with_proofs`:
+  the reference answers checked against this PyTorch, on every release test-torch runs; the
+  release itself holds no key), is copied alone into an empty folder and run in a
   kernel whose environment holds only what Colab ships: torch, numpy, matplotlib (and
   ipykernel). A first cell, added in memory, asserts that nbgrader and coursetools cannot be
   imported. Every cell must run without an error and without writing to stderr, exercises'
@@ -72,7 +74,9 @@ class Target:
     def load(self):
         if self.kind == "lesson":
             return notebooks.read(ROOT / self.id)
-        return fixtures.solved_release(self.name)  # the release, answers typed in
+        # The release, answers typed in, and each Predict question's proof that its reference
+        # answers are what this PyTorch does (solutions only: the release holds no key).
+        return fixtures.solved_release_with_proofs(self.name)
 
     @property
     def stem(self) -> str:
