@@ -87,6 +87,35 @@ def hidden_lines(nb: NotebookNode, min_length: int = 12) -> set[str]:
     return {h for h in hidden - visible if not any(h in v for v in visible)}
 
 
+PREDICT_ASSERT = "assert not wrong"  # a Predict question's hidden check: how many answers are wrong
+
+
+def shown_after_grading(tree: ast.AST) -> set[int]:
+    """ids of the string constants of a hidden region meant for the learner once graded (issue 53):
+    a Predict question's `print("What really happens ...")` (hints.REVEAL_PREFIX) and the
+    message of its `assert not wrong, ...` (how many answers are wrong, and under "How to fix"
+    which ones and the rule). Only these two statements' text leaves a hidden region."""
+    from coursetools.grading.hints import REVEAL_PREFIX
+
+    ids: set[int] = set()
+    for node in ast.walk(tree):
+        parts = None
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+                and node.args):
+            first = node.args[0]
+            text = first.value if isinstance(first, ast.Constant) else (
+                first.values[0].value if isinstance(first, ast.JoinedStr) and first.values
+                and isinstance(first.values[0], ast.Constant) else "")
+            if isinstance(text, str) and text.startswith(REVEAL_PREFIX):
+                parts = node.args
+        elif (isinstance(node, ast.Assert) and node.msg is not None
+              and ast.unparse(node.test) == PREDICT_ASSERT.removeprefix("assert ")):
+            parts = [node.msg]
+        for part in parts or []:
+            ids.update(id(n) for n in ast.walk(part) if isinstance(n, ast.Constant))
+    return ids
+
+
 def hidden_strings(nb: NotebookNode, min_length: int = 8) -> set[str]:
     """The string constants of the hidden tests (their messages, f-string parts included)
     worth hiding: a function a hidden test calls can read them from the test's code object.
@@ -108,8 +137,10 @@ def hidden_strings(nb: NotebookNode, min_length: int = 8) -> set[str]:
             tree = ast.parse(cell.source)
         except SyntaxError:
             continue
+        shown = shown_after_grading(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.lineno in hidden_numbers:
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.lineno in hidden_numbers
+                    and id(node) not in shown):
                 found.add(node.value)
     visible = "\n".join(visible_text)
     out: set[str] = set()

@@ -108,8 +108,9 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
     """What feedback shows for a test cell: the grader's verdict, never the outputs the
     test produced (hidden tests ran there: anything they printed or drew stays out)."""
     points = notebooks.points(cell)
+    reveal = _reveal_output(cell)
     if outcome is Outcome.OK and not tampering:
-        return [v4.new_output("stream", name="stdout", text=f"passed: {points:g}/{points:g} points\n")]
+        return [v4.new_output("stream", name="stdout", text=f"passed: {points:g}/{points:g} points\n"), *reveal]
     if tampering:
         return [guard.tamper_output(tampering[:1000])]
     errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
@@ -120,11 +121,22 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
         return [execute.error_output("StderrWritten", "the test wrote to stderr (a warning?), which scores 0")]
     ename = first.get("ename") if first.get("ename") in _SAFE_ENAMES else "Error"
     line = _failing_line(first)
-    if line is None or line in _hidden_line_numbers(cell.source):
-        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)")]
+    lines = cell.source.split("\n")
+    predict = line is not None and 0 < line <= len(lines) and lines[line - 1].strip().startswith(guard.PREDICT_ASSERT)
+    if line is None or (line in _hidden_line_numbers(cell.source) and not predict):
+        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)"), *reveal]
     observed, fix = hints.split(_ANSI.sub("", first.get("evalue", "")))
-    message = f"{observed[:1000]} (test line {line})"
-    return [execute.error_output(ename, message + (hints.FIX_MARKER + fix[:1000] if fix else ""))]
+    message = observed[:1000] if predict else f"{observed[:1000]} (test line {line})"
+    return [execute.error_output(ename, message + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
+
+
+def _reveal_output(cell: NotebookNode) -> list[NotebookNode]:
+    """A Predict question's "what really happens" lines its hidden test printed (hints.reveals),
+    for the feedback page: shown once the learner has answered, right or wrong (issue 53)."""
+    printed = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                      if o.output_type == "stream" and o.get("name") == "stdout")
+    lines = hints.reveals(printed)
+    return [v4.new_output("stream", name="stdout", text="\n".join(lines) + "\n")] if lines else []
 
 
 def fix_details(fix: str, chinese: str = "") -> NotebookNode:

@@ -212,3 +212,21 @@ def test_a_wrapped_unanswered_stub_says_not_answered_and_hints_stay_sentences():
     said = message(f"{hint}\nYour code raised KeyError: 'scale'")
     assert said == f"AssertionError: {hint}. Your code raised KeyError: 'scale'", said
     assert message("expected meta, got cpu") == "AssertionError: expected meta, got cpu"
+
+
+def test_a_predict_questions_reveal_follows_its_grade_passed_or_failed():
+    """Issue 53: "what really happens" is shown once the answer is graded, under the question,
+    whether it passed or failed; the fix only with --explain."""
+    from coursetools.grading import hints
+    from coursetools.learner import selfcheck
+
+    reveal = "What really happens (lesson 01 §3): a lands on meta."
+    results = [selfcheck.QuestionResult("test_predict_a", "Question 6, a", 2, 2, "", [reveal]),
+               selfcheck.QuestionResult("test_predict_b", "Question 6, b", 0, 2,
+                                        "AssertionError: PLACES: 1 of the 5 answers are wrong"
+                                        + hints.FIX_MARKER + "recheck ['c']", [reveal.replace("a lands", "c stays")])]
+    text = selfcheck.format_report("x.ipynb", "01_device_basics", results, 1.0, False)
+    assert text.count("What really happens") == 2, text
+    assert "1 of the 5 answers are wrong" in text and "recheck ['c']" not in text, text
+    explained = selfcheck.format_report("x.ipynb", "01_device_basics", results, 1.0, False, explain=True)
+    assert "recheck ['c']" in explained

@@ -1,0 +1,77 @@
+"""A Predict question after grading (issue 53): the key stays hidden, what the learner may know shows.
+
+A Predict question's hidden region holds its key. Two of its statements are meant for the
+learner once graded: `print("What really happens ...")` (the reveal) and the message of
+`assert not wrong, ...` (how many answers are wrong; which ones and the rule under "How to
+fix"). Redaction keeps every other hidden string out of feedback, as before; these two pass.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from nbformat import v4
+
+from coursetools.grading import guard, hints
+from coursetools.grading.execute import Outcome
+from coursetools.instructor import nbgrader_ext
+
+SOURCE = '''"""Question 6: where the tensors land."""
+got = dict(PLACES)
+assert all(v in ("cpu", "meta") for v in got.values()), "PLACES: answer cpu or meta"
+### BEGIN HIDDEN TESTS
+KEY = {"a": "meta", "b": "cpu", "c": "meta"}
+print("What really happens (lesson 01 §3): a and c land on meta, b stays on the CPU.")
+wrong = [name for name in KEY if f"{got[name]}" != KEY[name]]
+assert not wrong, (f"PLACES: {len(wrong)} of the {len(KEY)} answers are wrong"
+                   + fix_hint(f"recheck {wrong}: factory calls follow the block"))
+assert got.get("secret") is None, "a secret hidden message the learner never sees"
+### END HIDDEN TESTS
+'''
+
+
+def _cell(outputs):
+    cell = v4.new_code_cell(SOURCE)
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "test_predict", "locked": True, "points": 2,
+                                 "solution": False}
+    cell.outputs = outputs
+    return cell
+
+
+def test_only_the_reveal_and_the_count_leave_a_hidden_region():
+    nb = v4.new_notebook(cells=[_cell([])])
+    hidden = guard.hidden_strings(nb)
+    assert "a secret hidden message the learner never sees" in hidden
+    assert not [h for h in hidden if h.startswith(hints.REVEAL_PREFIX)], hidden
+    assert not [h for h in hidden if "answers are wrong" in h or "factory calls follow" in h], hidden
+    tree = ast.parse(SOURCE)
+    ids = guard.shown_after_grading(tree)
+    kept = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) in ids}
+    assert any(t.startswith("What really happens") for t in kept)
+    assert "a secret hidden message the learner never sees" not in kept
+
+
+def test_feedback_of_a_wrong_predict_shows_the_count_the_fix_and_the_reveal():
+    evalue = "PLACES: 1 of the 3 answers are wrong" + hints.FIX_MARKER + "recheck ['b']: factory calls follow the block"
+    line = SOURCE.split("\n").index(next(l for l in SOURCE.split("\n") if l.startswith("assert not wrong"))) + 1
+    error = v4.new_output("error", ename="AssertionError", evalue=evalue,
+                          traceback=[f"<grader test test_predict>:{line}", f"AssertionError: {evalue}"])
+    reveal = v4.new_output("stream", name="stdout", text="What really happens (lesson 01 §3): a and c land on meta.\n")
+    outputs = nbgrader_ext.grader_written_outputs(_cell([reveal, error]), Outcome.ERROR, None)
+    assert outputs[0].output_type == "error"
+    assert outputs[0].evalue.startswith("PLACES: 1 of the 3 answers are wrong"), outputs[0].evalue
+    assert hints.split(outputs[0].evalue)[1].startswith("recheck ['b']")
+    assert "a hidden test failed" not in outputs[0].evalue
+    assert outputs[1].text.startswith("What really happens"), outputs
+
+
+def test_any_other_hidden_failure_stays_hidden_and_a_pass_shows_the_reveal():
+    lines = SOURCE.split("\n")
+    line = lines.index(next(l for l in lines if "secret" in l)) + 1
+    error = v4.new_output("error", ename="AssertionError", evalue="a secret hidden message the learner never sees",
+                          traceback=[f"<grader test test_predict>:{line}", "AssertionError"])
+    outputs = nbgrader_ext.grader_written_outputs(_cell([error]), Outcome.ERROR, None)
+    assert outputs[0].evalue == "a hidden test failed (hidden tests are not shown)"
+    reveal = v4.new_output("stream", name="stdout", text="noise\nWhat really happens (lesson 01 §3): a and c.\n")
+    passed = nbgrader_ext.grader_written_outputs(_cell([reveal]), Outcome.OK, None)
+    assert passed[0].text.startswith("passed: 2/2") and passed[1].text == "What really happens (lesson 01 §3): a and c.\n"
