@@ -483,6 +483,7 @@ class _Reviewer(ast.NodeVisitor):
         self.namespace_names: set[str] = set()  # names bound to globals(), vars(), __dict__, ...
         self.depth = 0  # function nesting (0: the cell's top level)
         self.class_depth = 0
+        self.selves: list[str | None] = []  # per function being read: its instance if it is a method
 
     # -- names and what they name
     def bind(self, name: str, path: str | None = None) -> None:
@@ -724,7 +725,8 @@ class _Reviewer(ast.NodeVisitor):
         path = self.resolve(node)
         if path:
             self.check_path(path, node.lineno, write=write)
-        self.check_attr(node.attr, node.lineno)
+        if not getattr(node, "_own_setattr", False):
+            self.check_attr(node.attr, node.lineno)
         if write:
             self.check_write_target(node.value, node.attr, node.lineno,
                                     "deletes" if isinstance(node.ctx, ast.Del) else "sets")
@@ -851,6 +853,10 @@ class _Reviewer(ast.NodeVisitor):
                     self.is_module_path(self.resolve(a)) or (self.resolve(a) or "") == "builtins"
                     for a in node.args):
                 self.add(line, "obfuscation", "getattr applied to a module through reduce/map")
+        if self.own_setattr(node):
+            # A frozen dataclass's own field, set in its __init__/__post_init__: the standard
+            # idiom (the dataclasses docs), not obfuscation (issue 53).
+            node.func._own_setattr = True
         if isinstance(node.func, ast.Attribute):
             method, owner = node.func.attr, node.func.value
             if method in _WRITE_METHODS and self.is_namespace(owner):
@@ -858,6 +864,19 @@ class _Reviewer(ast.NodeVisitor):
             if method in _SYS_PATH_WRITES and self.resolve(owner) == "sys.path":
                 self.add(line, "import machinery", f"sys.path.{method}")
         self.generic_visit(node)
+
+    def own_setattr(self, node: ast.Call) -> bool:
+        """`object.__setattr__(self, "field", value)` in a method of the student's own class, on
+        its own instance, with a plain field name (not a dunder): how a frozen dataclass sets a
+        field. Anything else spelt with __setattr__ stays flagged."""
+        func = node.func
+        me = self.selves[-1] if self.selves else None
+        return bool(
+            me and isinstance(func, ast.Attribute) and func.attr == "__setattr__"
+            and self.resolve(func.value) == "builtins.object" and len(node.args) == 3 and not node.keywords
+            and isinstance(node.args[0], ast.Name) and node.args[0].id == me
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+            and not node.args[1].value.startswith("__"))
 
     def check_attr_call(self, node: ast.Call, kind: str) -> None:
         """getattr / setattr / delattr / hasattr: a literal name is judged as the attribute it
@@ -919,11 +938,15 @@ class _Reviewer(ast.NodeVisitor):
         self.bind(node.name, None)
         self.functions.add(node.name)
         self.scopes.append({p: None for p in params(node)})
+        # A method's own instance (its first parameter), for object.__setattr__(self, ...) below.
+        first = node.args.posonlyargs + node.args.args
+        self.selves.append(first[0].arg if self.class_depth and first else None)
         outer = self.depth, self.class_depth
         self.depth, self.class_depth = self.depth + 1, 0
         for stmt in node.body:
             self.visit(stmt)
         self.depth, self.class_depth = outer
+        self.selves.pop()
         self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
