@@ -175,6 +175,11 @@ def fold_fixes(cell: NotebookNode, assignment: str | None = None, chinese: bool 
     outputs = []
     for out in cell.get("outputs", []):
         outputs.append(out)
+        if out.output_type == "stream" and chinese:  # a Predict question's "what really happens"
+            for line in hints.reveals(out.get("text", "")):
+                said = testmessages.hint(assignment, line)
+                if said:
+                    outputs.append(hint_output(said))
         if out.output_type != "error":
             continue
         observed, fix = hints.split(out.get("evalue", ""))

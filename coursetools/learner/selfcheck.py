@@ -263,6 +263,7 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
             lines += _chinese_lines(name, fix, 14, fix=True)
         for reveal in r.reveal:  # after the learner's answer was graded, right or wrong
             lines.append(textwrap.indent(textwrap.fill(reveal, width=96), " " * 12))
+            lines += _chinese_lines(name, reveal, 12, fix=True)
     total = sum(r.score for r in results)
     possible = sum(r.max_score for r in results)
     lines += ["", tr("Score: {total}/{possible}   ({seconds} s)").format(

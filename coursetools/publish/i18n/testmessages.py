@@ -168,6 +168,9 @@ def _messages(tree: ast.AST, calls: dict[str, int] | None = None, statements: bo
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _name(node.func) in helpers and _name(node.func) not in calls:
             found += [arg for arg in list(node.args) + [k.value for k in node.keywords] if _is_prose(arg)]
+        if (statements and isinstance(node, ast.Call) and _name(node.func) == "print" and node.args
+                and _reveal_text(node.args[0])):
+            found.append(node.args[0])  # a Predict question's "What really happens ..." (hints.REVEAL_PREFIX)
         if statements and isinstance(node, ast.Assert) and node.msg is not None:
             found.append(node.msg)
         elif statements and isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
@@ -179,6 +182,13 @@ def _messages(tree: ast.AST, calls: dict[str, int] | None = None, statements: bo
                     found.append(node.args[index])
             found += [k.value for k in node.keywords if k.arg in ("hint", "text", "fix")]
     return found
+
+
+def _reveal_text(node: ast.AST) -> bool:
+    from coursetools.grading.hints import REVEAL_PREFIX
+
+    first = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+    return isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith(REVEAL_PREFIX)
 
 
 def _prose_anywhere(tree: ast.AST) -> list[ast.AST]:
@@ -276,9 +286,11 @@ def exercise_templates(assignment: str, root: Path = layout.ROOT) -> list[tuple[
         except SyntaxError:
             pass
     out: dict[str, str] = {}
+    # A Predict proof (### BEGIN/END SOLUTIONS ONLY) never reaches a learner: nothing to translate.
+    sources = {id(c): notebooks.strip_solutions_only(c.source) for c in cells}
     for cell in helpers + tests:
         where = notebooks.grade_id(cell) or "helpers"
-        for msgid in templates_of([c.source for c in helpers] + ([cell.source] if cell in tests else []),
+        for msgid in templates_of([sources[id(c)] for c in helpers] + ([sources[id(cell)]] if cell in tests else []),
                                   helpers=frozenset(functions), shared_cells=len(helpers),
                                   prose_cells=sum(notebooks.grade_id(c) == "helpers" for c in helpers)):
             out.setdefault(msgid, where)
