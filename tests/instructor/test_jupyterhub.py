@@ -105,8 +105,28 @@ def _log_in(browser, hub: Hub, user: str):
 
 
 def _menu(page, item: str) -> None:
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).click()
-    page.get_by_role("menuitem", name=item, exact=True).click()
+    """Nbgrader > `item`. A click on the menu bar toggles the menu: one that lands while a menu
+    is still open (an Escape not yet handled on a loaded machine) closes it, and the item never
+    shows; two fresh-clone CI runs waited 120 s for "Assignment List" so. Each try closes any
+    open menu, opens this one, and waits a while for the item; then tries again, up to PAGE_MS."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    deadline = time.monotonic() + PAGE_MS / 1000
+    label = page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$"))
+    entry = page.get_by_role("menuitem", name=item, exact=True)
+    while True:
+        if page.locator(".lm-Menu:visible").count():
+            page.keyboard.press("Escape")
+            page.locator(".lm-Menu:visible").first.wait_for(state="hidden", timeout=PAGE_MS)
+        label.click()
+        try:
+            entry.wait_for(state="visible", timeout=15_000)
+        except PageTimeout:
+            if time.monotonic() > deadline:
+                raise
+            continue
+        entry.click()
+        return
 
 
 def _formgrader(page, hub: Hub):
@@ -149,8 +169,10 @@ def _students_view(page, hub: Hub, name: str) -> None:
     """A student's server has the Assignments tab and no Formgrader, in the menu and on the
     server (the hub's /etc/jupyter outranks the extensions' own enabling files)."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Nbgrader$")).click()
+    page.locator(".lm-Menu-itemLabel:visible").first.wait_for(timeout=PAGE_MS)
     items = page.locator(".lm-Menu-itemLabel:visible").all_inner_texts()
     page.keyboard.press("Escape")
+    page.locator(".lm-Menu:visible").first.wait_for(state="hidden", timeout=PAGE_MS)
     assert "Assignment List" in items and "Formgrader" not in items, f"{name}'s Nbgrader menu: {items}"
     answer = page.request.get(f"{hub.url}/user/{name}/formgrader")
     assert answer.status == 404, f"{name}'s server serves Formgrader ({answer.status})"
