@@ -56,7 +56,7 @@ REQUIREMENTS = ROOT / "requirements.txt"
 DEV_REQUIREMENTS = ROOT / "requirements-dev.txt"
 # The versions the test suite was last run with: `make.py test` and CI install exactly these
 # (as pip constraints), so an upstream release cannot break a submission that changed nothing
-# (issue 59: soupsieve 4 broke every feedback page under a Python older than 3.11.5).
+# (soupsieve 4 broke every feedback page under a Python older than 3.11.5).
 # Learners' installs (`make.py lab`, `make.py check`) keep requirements.txt's ranges.
 # Refresh on purpose: `python3 make.py lock`, then `python3 make.py test`, commit both.
 LOCK = ROOT / "requirements-lock.txt"

@@ -19,7 +19,7 @@ END_SOLUTION = "### END SOLUTION"
 BEGIN_HIDDEN = "### BEGIN HIDDEN TESTS"
 END_HIDDEN = "### END HIDDEN TESTS"
 # A region of a locked cell that only the course's source holds (solutions/): the release, its
-# gradebook and a learner's self-check never see it (nbgrader_ext.StripSolutionsOnly, issue 53).
+# gradebook and a learner's self-check never see it (nbgrader_ext.StripSolutionsOnly).
 # A Predict question's "run this after you've answered" cell keeps there its proof that the
 # reference answers are what this PyTorch does: nbval runs it in solutions/, test-torch on every
 # release (fixtures.solved_release_with_proofs).

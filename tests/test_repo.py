@@ -118,7 +118,7 @@ def _lock() -> dict[str, str]:
 
 
 def test_the_lock_pins_every_test_requirement_within_its_range():
-    """requirements-lock.txt (issue 59): every package requirements.txt and requirements-dev.txt
+    """requirements-lock.txt: every package requirements.txt and requirements-dev.txt
     name is pinned there, at a version their ranges accept, and torch is not (course.toml's
     tested release, or TORCH_SPEC, decides it). A hand edit or a stale lock fails here."""
     from packaging.requirements import Requirement

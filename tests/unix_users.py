@@ -7,7 +7,7 @@ user on CI: pyenv's interpreter lies under /root (mode 0700).
 
 A user must run the very interpreter this suite's packages were installed for, not merely one
 of the same minor version: soupsieve 3 and 4 need Python 3.11.5, and under Debian's 3.11.2
-its selector parser breaks nbconvert's HTML export (issue 59: every feedback page failed). So
+its selector parser breaks nbconvert's HTML export (every feedback page failed). So
 where the user cannot run ours, they get a copy of it: its installation, hard-linked (no
 site-packages), in a folder every user may cross, with the executable's library search path
 (RUNPATH) pointed at the copy's own libpython. `venv()` checks that the user's environment
@@ -171,7 +171,7 @@ def check_build(who, python: Path) -> None:
         name = who.pw_name if who else "this user"
         pytest.fail(f"{name}'s Python {python} is not the build this suite's packages were installed for: "
                     f"it reports {theirs or proc.stderr.strip()[-500:]!r}, this suite runs {ours!r} "
-                    "(issue 59: a package that needs a newer patch release then breaks as that user)")
+                    "(a package that needs a newer patch release then breaks as that user)")
 
 
 def _readable_copy(who, source: str, probe: str, dest: Path) -> str:

@@ -1,4 +1,4 @@
-"""No answer in a release (issue 53): find a Predict question's key wherever a learner could read it.
+"""No answer in a release: find a Predict question's key wherever a learner could read it.
 
 A Predict answer cell is one whose reference answer (its solution region) is only dict literals
 assigned to names: answers as data. Its key is what the reference answer, run, maps each item

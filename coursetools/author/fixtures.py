@@ -163,7 +163,7 @@ def solved_release(name: str, root: Path = layout.ROOT) -> NotebookNode:
 def solved_release_with_proofs(name: str, root: Path = layout.ROOT) -> NotebookNode:
     """The solved release, with each locked cell's solutions-only region put back (the proof
     that a Predict question's reference answers are what this PyTorch does, which the release
-    never holds): what test-torch runs on both ends of the supported range (issue 53). The
+    never holds): what test-torch runs on both ends of the supported range. The
     release keeps the source's cells in order, so cells pair up by position (a run cell
     needs no grade id)."""
     nb = solved_release(name, root)

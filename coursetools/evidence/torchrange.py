@@ -107,7 +107,7 @@ def ensure_venv(version: str) -> Path:
     root = venvs_root() / version
     python = _python(root)
     # The companions at the versions the suite is tested with (requirements-lock.txt, which
-    # pins no torch): an upstream release cannot break this run either (issue 59).
+    # pins no torch): an upstream release cannot break this run either.
     lock = layout.ROOT / "requirements-lock.txt"
     specs = [f"torch=={version}", *COMPANIONS, *(["-c", str(lock)] if lock.exists() else [])]
     lock_digest = hashlib.sha256(lock.read_bytes()).hexdigest() if lock.exists() else ""

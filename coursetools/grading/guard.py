@@ -91,7 +91,7 @@ PREDICT_ASSERT = "assert not wrong"  # a Predict question's hidden check: how ma
 
 
 def shown_after_grading(tree: ast.AST) -> set[int]:
-    """ids of the string constants of a hidden region meant for the learner once graded (issue 53):
+    """ids of the string constants of a hidden region meant for the learner once graded:
     a Predict question's `print("What really happens ...")` (hints.REVEAL_PREFIX) and the
     message of its `assert not wrong, ...` (how many answers are wrong, and under "How to fix"
     which ones and the rule). Only these two statements' text leaves a hidden region."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 FIX_MARKER = "\nHow to fix: "
 # A Predict question's "what really happens": its hidden test prints a line that starts so,
-# once the learner has answered (issue 53: the key is never in the release). `make.py check`
+# once the learner has answered (the key is never in the release). `make.py check`
 # shows it under the question, passed or failed; a feedback page shows the cell's output.
 REVEAL_PREFIX = "What really happens"
 

@@ -855,7 +855,7 @@ class _Reviewer(ast.NodeVisitor):
                 self.add(line, "obfuscation", "getattr applied to a module through reduce/map")
         if self.own_setattr(node):
             # A frozen dataclass's own field, set in its __init__/__post_init__: the standard
-            # idiom (the dataclasses docs), not obfuscation (issue 53).
+            # idiom (the dataclasses docs), not obfuscation.
             node.func._own_setattr = True
         if isinstance(node.func, ast.Attribute):
             method, owner = node.func.attr, node.func.value

@@ -833,7 +833,7 @@ def _run(room: Classroom, args, names: list[str], config) -> int:
     without = [r for r in every if r.graded and not r.has_feedback]
     if without:
         # A script running grade-class (a hub's cron job, a CI job) must notice: the grades are in
-        # grades.csv, but no student can read why (issue 59: a broken HTML export wrote no page).
+        # grades.csv, but no student can read why (a broken HTML export wrote no page).
         causes = sorted({f.split(": ", 1)[1] for r in without for f in r.flags if f.startswith(NO_FEEDBACK)})
         message = (f"error: {len(without)} of {len(every)} graded submission(s) got no feedback page; "
                    f"run grade-class again once the cause is fixed (it regrades only those). "

@@ -42,7 +42,7 @@ class StripSolutionsOnly(NbGraderPreprocessor):
     nbgrader computes checksums and saves the source cells: the release, and the gradebook
     that restores locked cells at grading, never hold it. A Predict question's proof lives there
     (its reference answers checked against what PyTorch does), so no answer key reaches a
-    learner's notebook or kernel (issue 53)."""
+    learner's notebook or kernel."""
 
     def preprocess_cell(self, cell: NotebookNode, resources: ResourcesDict,
                         cell_index: int) -> Tuple[NotebookNode, ResourcesDict]:
@@ -132,7 +132,7 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
 
 def _reveal_output(cell: NotebookNode) -> list[NotebookNode]:
     """A Predict question's "what really happens" lines its hidden test printed (hints.reveals),
-    for the feedback page: shown once the learner has answered, right or wrong (issue 53)."""
+    for the feedback page: shown once the learner has answered, right or wrong."""
     printed = "".join(o.get("text", "") for o in cell.get("outputs", [])
                       if o.output_type == "stream" and o.get("name") == "stdout")
     lines = hints.reveals(printed)

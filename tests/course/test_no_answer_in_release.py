@@ -1,4 +1,4 @@
-"""No answer in a release (issue 53): no Predict key in any notebook a learner opens.
+"""No answer in a release: no Predict key in any notebook a learner opens.
 
 Every release, English and Chinese, is scanned for each Predict question's key (its reference
 answers, as the tests compare them): a dict that gives three or more items their true value, a

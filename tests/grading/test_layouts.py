@@ -17,7 +17,7 @@ the sandbox and asserts the score:
 each as root and as `course-grader`, an unprivileged user that `.ci/run` creates with
 `useradd`. The base interpreter is this suite's (on CI: pyenv's, under /root), or for the
 unprivileged user a relocated copy of that same build where root's is out of its reach
-(tests/unix_users.py; never another build, issue 59); the packages are this suite's,
+(tests/unix_users.py; never another build: packages installed for 3.11.7 broke under Debian's 3.11.2); the packages are this suite's,
 reached through a `.pth` file. A case that grades with
 `grade-class` goes through the real command; the others through the step nbgrader's
 autograde runs for every submission (ResilientExecute, after the preflight its hook runs).

@@ -1,4 +1,4 @@
-"""A Predict question after grading (issue 53): the key stays hidden, what the learner may know shows.
+"""A Predict question after grading: the key stays hidden, what the learner may know shows.
 
 A Predict question's hidden region holds its key. Two of its statements are meant for the
 learner once graded: `print("What really happens ...")` (the reveal) and the message of

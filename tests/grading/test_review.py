@@ -74,7 +74,7 @@ HONEST = {
     "subprocess": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(1)'], check=True)",
     "__import__ of a named module": "socket = __import__('socket')",
     "a /proc file": "print(open('/proc/meminfo').readline())",
-    # issue 53: the standard way a frozen dataclass sets its own field
+    # the standard way a frozen dataclass sets its own field
     "frozen dataclass field in __post_init__": (
         "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass Batch:\n    x: object\n    n: int = 0\n"
         "    def __post_init__(self):\n        object.__setattr__(self, 'n', len(self.x))"),
@@ -88,7 +88,7 @@ def test_honest_code_is_not_flagged(label):
 
 # -- what is flagged ------------------------------------------------------------------------------
 FLAGGED = {
-    # issue 53: only a method's own instance and a plain field name pass; the rest stays flagged
+    # only a method's own instance and a plain field name pass; the rest stays flagged
     "object.__setattr__ of a dunder": (
         "class A:\n    def __init__(self):\n        object.__setattr__(self, '__class__', int)", "obfuscation"),
     "object.__setattr__ on another object": (

@@ -14,7 +14,7 @@ on one server, and runs a class through it:
 * the instructor's course: a fresh copy of this checkout in their home, with its .venv.
   Python for every user is this suite's own interpreter, or where root's lies under /root a
   relocated copy of that same build (never Debian's python3.X: packages installed for 3.11.7
-  broke under 3.11.2, issue 59), reaching this suite's packages through a .pth file, in
+  broke under 3.11.2), reaching this suite's packages through a .pth file, in
   place of the pip install `make.py` would run (tests/unix_users.py).
 
 Then, in Chromium, one browser context (its own cookies) per user:

@@ -1,4 +1,4 @@
-"""The Python another Unix user runs in the tests is this suite's own build (issue 59).
+"""The Python another Unix user runs in the tests is this suite's own build.
 
 The hub test's users and the unprivileged grader of the layout matrix import this suite's
 packages, installed by root's Python (pyenv's 3.11.7 under /root on CI). Debian's 3.11.2 ran
@@ -18,7 +18,7 @@ import pytest
 import unix_users
 
 USER = "course-grader"  # .ci/run makes it; made here where missing (root only)
-# What nbconvert's HTML exporter runs on every feedback page (the call that failed in issue 59).
+# What nbconvert's HTML exporter runs on every feedback page (the call that failed when Debian's 3.11.2 ran the suite's packages).
 SELECT = ("import bs4; soup = bs4.BeautifulSoup('<img src=x><img alt=y src=z>', 'html.parser'); "
           "print(len(soup.select('img:not([alt])')))")
 

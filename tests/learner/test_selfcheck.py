@@ -215,7 +215,7 @@ def test_a_wrapped_unanswered_stub_says_not_answered_and_hints_stay_sentences():
 
 
 def test_a_predict_questions_reveal_follows_its_grade_passed_or_failed():
-    """Issue 53: "what really happens" is shown once the answer is graded, under the question,
+    """A Predict question's "what really happens" is shown once the answer is graded, under the question,
     whether it passed or failed; the fix only with --explain."""
     from coursetools.grading import hints
     from coursetools.learner import selfcheck
