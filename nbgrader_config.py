@@ -24,7 +24,7 @@ from coursetools.grading.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # n
 from coursetools.instructor import exchange  # noqa: E402
 from coursetools.instructor.nbgrader_ext import (  # noqa: E402
     FEEDBACK_FILTERS, ClearHiddenTestsSafely, OverwriteCellsQuietly, ResilientExecute, RestoreDeletedAnswers,
-    SafeOutputs, StripSolutionsOnly, TagStubCells, feedback_template_dirs, preflight_hook,
+    SafeOutputs, StripFixTexts, StripSolutionsOnly, TagStubCells, feedback_template_dirs, preflight_hook,
 )
 
 c.CourseDirectory.root = _ROOT
@@ -34,10 +34,11 @@ c.CourseDirectory.release_directory = "exercises"
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 # nbgrader's default list, plus the nbval tags for the release (see TagStubCells), after the
 # solutions-only regions are gone (StripSolutionsOnly: a Predict question's proof, which holds
-# its answer key, stays in solutions/; neither the release nor the gradebook gets it).
+# its answer key, stays in solutions/; neither the release nor the gradebook gets it), and
+# with no fix text in the release (StripFixTexts, after SaveCells: the gradebook keeps them).
 c.GenerateAssignment.preprocessors = [
     StripSolutionsOnly, IncludeHeaderFooter, InstantiateTests, LockCells, ClearSolutions, ClearOutput,
-    CheckCellMetadata, ComputeChecksums, SaveCells, ClearHiddenTests, ClearMarkScheme,
+    CheckCellMetadata, ComputeChecksums, SaveCells, ClearHiddenTests, StripFixTexts, ClearMarkScheme,
     ComputeChecksums, CheckCellMetadata, TagStubCells,
 ]
 # A deleted test cell comes back from the gradebook instead of leaving a hole (nbgrader's

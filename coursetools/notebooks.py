@@ -157,6 +157,52 @@ def strip_solutions_only(source: str) -> str:
     return "\n".join(out).rstrip("\n")
 
 
+FIX_HELPER = "fix_hint"
+
+
+def fix_hint_calls(source: str) -> list:
+    """The `fix_hint(...)` calls of a cell's code (ast.Call nodes), outermost first; [] when
+    the code has none. Code that does not parse as Python but mentions fix_hint is an error:
+    its fixes could not be taken out of a release."""
+    import ast
+
+    if FIX_HELPER + "(" not in source:
+        return []
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ValueError(f"a cell that calls {FIX_HELPER} does not parse as Python ({exc.msg}, line "
+                         f"{exc.lineno}): its fix texts cannot be left out of the release") from None
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Name) and node.func.id == FIX_HELPER]
+    return sorted(calls, key=lambda n: (n.lineno, n.col_offset))
+
+
+def strip_fix_texts(source: str) -> str:
+    """`source` with every `fix_hint(<fix text>)` call turned into `fix_hint()`: what a release
+    cell holds (the gradebook and the course's side keep the text). Offsets are ast's, which
+    count UTF-8 bytes within a line."""
+    calls = [c for c in fix_hint_calls(source) if c.args or c.keywords]
+    if not calls:
+        return source
+    lines = source.encode("utf-8").split(b"\n")
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    data = source.encode("utf-8")
+    spans, last_end = [], -1
+    for call in calls:
+        start = starts[call.lineno - 1] + call.col_offset
+        end = starts[call.end_lineno - 1] + call.end_col_offset
+        if start < last_end:  # a fix_hint call inside another one's text goes with it
+            continue
+        spans.append((start, end))
+        last_end = end
+    for start, end in reversed(spans):
+        data = data[:start] + FIX_HELPER.encode() + b"()" + data[end:]
+    return data.decode("utf-8")
+
+
 def clear_solution(source: str, stub: str = CODE_STUB) -> str:
     """What nbgrader's ClearSolutions leaves of an answer cell: the stub in place of the
     marked region, at the region's indentation (or the whole cell when unmarked). Lines are

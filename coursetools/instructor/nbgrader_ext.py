@@ -51,6 +51,20 @@ class StripSolutionsOnly(NbGraderPreprocessor):
         return cell, resources
 
 
+class StripFixTexts(NbGraderPreprocessor):
+    """Turn every `fix_hint("the fix")` of the release into `fix_hint()` (notebooks.strip_fix_texts),
+    after nbgrader has saved the cells in its gradebook: a learner's notebook holds no fix (its
+    `fix_hint()` says where to get one), while grading restores the locked cells, and so the fix
+    texts, from the gradebook (coursetools/grading/hints.py). Runs before nbgrader computes the
+    release's checksums, as ClearHiddenTests does."""
+
+    def preprocess_cell(self, cell: NotebookNode, resources: ResourcesDict,
+                        cell_index: int) -> Tuple[NotebookNode, ResourcesDict]:
+        if cell.cell_type == "code":
+            cell.source = notebooks.strip_fix_texts(cell.source)
+        return cell, resources
+
+
 class TagStubCells(NbGraderPreprocessor):
     """Tag the release's answer and test cells so nbval permits their stub errors.
 
