@@ -18,7 +18,7 @@ import pytest
 from nbformat import v4
 
 from coursetools import layout, notebooks
-from coursetools.author import answerkeys, fixtures
+from coursetools.author import answerkeys, fixtexts, fixtures
 
 ROOT = layout.ROOT
 NAMES = layout.assignments()
@@ -79,3 +79,67 @@ def test_the_proof_is_put_back_for_test_torch(name):
     nb = fixtures.solved_release_with_proofs(name)
     back = [i for i, c in enumerate(nb.cells) if notebooks.BEGIN_SOLUTIONS_ONLY in c.source]
     assert back == proofs and proofs, (back, proofs)
+
+
+# ---- No fix in a release (coursetools/author/fixtexts.py) ----------------------------------
+@pytest.fixture(scope="module")
+def all_fixes():
+    return {name: fixtexts.fragments(notebooks.read(layout.source_notebook(name))) for name in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_release_holds_a_fix(name, all_fixes):
+    """No release (English or Chinese) calls fix_hint with a text, or holds a fix's words in
+    code, a comment or markdown; the chapter has fixes to look for (the scan is not empty)."""
+    assert all_fixes[name], f"{name}: no fix_hint(...) text found in solutions/: nothing to look for"
+    leaks = {str(path.relative_to(ROOT)): fixtexts.scan(notebooks.read(path), all_fixes[name])
+             for path in _releases(name)}
+    leaks = {path: found for path, found in leaks.items() if found}
+    assert not leaks, "a fix a learner can read in a release (run `python3 make.py release`):\n" + "\n".join(
+        f"{path}: {leak}" for path, found in leaks.items() for leak in found)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_planted_fix_is_found(name, all_fixes):
+    """Positive control: a fix of the chapter planted in a copy of its release, as fix_hint's
+    argument, as a plain string in a test cell, or in markdown, is found."""
+    release = notebooks.read(layout.release_notebook(name))
+    fix = sorted(all_fixes[name], key=len)[-1]
+    for cell in (v4.new_code_cell(f"assert ok, 'observed' + fix_hint({fix!r})"),
+                 v4.new_code_cell(f"HINT = ({fix[:len(fix) // 2]!r}\n        {fix[len(fix) // 2:]!r})"),
+                 v4.new_markdown_cell(f"Stuck? {fix}")):
+        planted = copy.deepcopy(release)
+        planted.cells.insert(len(planted.cells) // 2, cell)
+        assert fixtexts.scan(planted, all_fixes[name]), f"{name}: a planted fix was not found in {cell.source!r}"
+    bare = copy.deepcopy(release)
+    bare.cells.append(v4.new_code_cell("assert ok, 'observed' + fix_hint(f'recheck {wrong}')"))
+    assert fixtexts.scan(bare, all_fixes[name]), f"{name}: a fix_hint call with a text was not found"
+
+
+def test_the_release_step_takes_every_fix_out():
+    """notebooks.strip_fix_texts, the release step's edit: each fix_hint(...) call loses its
+    text (nested calls and calls spread over lines included), nothing else changes; code that
+    does not parse but calls fix_hint is refused rather than released with its fixes."""
+    source = ('x = "é"  # fix_hint("in a comment") stays a comment\n'
+              'assert x, (f"{x} is on cpu (lesson 02 §3)" + fix_hint("keep é "\n'
+              '                                                 "the result")) ; y = fix_hint(f"a {fix_hint(\'b\')}")\n'
+              'def fix_hint(text=None):\n    pass\nz = fix_hint()\n')
+    assert notebooks.strip_fix_texts(source) == (
+        'x = "é"  # fix_hint("in a comment") stays a comment\n'
+        'assert x, (f"{x} is on cpu (lesson 02 §3)" + fix_hint()) ; y = fix_hint()\n'
+        'def fix_hint(text=None):\n    pass\nz = fix_hint()\n')
+    assert notebooks.strip_fix_texts("print(1)\n") == "print(1)\n"
+    with pytest.raises(ValueError, match="does not parse"):
+        notebooks.strip_fix_texts("%time f()\nassert ok, fix_hint('x')")
+
+
+def test_a_fix_outside_fix_hints_argument_is_refused():
+    """rules(): a fix kept in a variable (fix_hint(FIX)) could not be taken out of the release;
+    with every_failure, an assert without a fix is named too."""
+    nb = v4.new_notebook(cells=[v4.new_code_cell("FIX = 'keep the result'\nassert ok, 'observed' + fix_hint(FIX)\n"
+                                                 "assert ok, 'observed'\n",
+                                                 metadata={"nbgrader": {"grade": True, "grade_id": "t", "points": 1,
+                                                                        "solution": False, "locked": True}})])
+    literal = fixtexts.rules(nb, every_failure=False)
+    assert [p.line for p in literal] == [2] and "literal argument" in literal[0].what
+    assert [p.line for p in fixtexts.rules(nb)] == [2, 3]

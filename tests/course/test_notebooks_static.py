@@ -212,9 +212,12 @@ def test_relative_links_point_at_existing_files(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_fix_hints_are_the_one_helper(path):
-    """Feedback in two steps: a notebook whose tests call fix_hint defines it (and SHOW_FIXES)
-    in its locked helpers cell byte for byte as coursetools/grading/hints.py's HELPER_SOURCE,
-    the one the grader replaces with its own; an answer cell never calls it."""
+    """Feedback in two steps: a notebook whose tests call fix_hint defines it in its locked
+    helpers cell byte for byte as coursetools/grading/hints.py's HELPER_SOURCE; an answer cell
+    never calls it; every fix is fix_hint's literal argument, so that the release step can take
+    it out (coursetools/author/fixtexts.py)."""
+    from coursetools.author import fixtexts
+
     from coursetools.grading import hints
 
     nb = notebooks.read(path)
@@ -225,9 +228,12 @@ def test_fix_hints_are_the_one_helper(path):
         return
     assert len(defining) == 1, f"fix_hint is defined in {len(defining)} cells; copy hints.HELPER_SOURCE into the helpers cell"
     assert hints.HELPER_SOURCE.strip() in defining[0].source, (
-        "the helpers cell's fix_hint/SHOW_FIXES differ from coursetools/grading/hints.py's HELPER_SOURCE: copy it byte for byte")
+        "the helpers cell's fix_hint differs from coursetools/grading/hints.py's HELPER_SOURCE: copy it byte for byte")
     answers = [i for i in calls if notebooks.is_solution(nb.cells[i])]
     assert not answers, f"answer cells {answers} call fix_hint: it is for test messages only"
+    if path.parent.parent == layout.SOLUTIONS_DIR:
+        problems = fixtexts.rules(nb, every_failure=False)
+        assert not problems, "fix texts the release step cannot take out:\n" + "\n".join(map(str, problems))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
