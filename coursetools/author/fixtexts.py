@@ -8,8 +8,9 @@ observed and which rule that breaks; how to fix it comes from the grader's side 
   argument of a `fix_hint(...)` call (a string, an f-string, or a sum of them), so the release
   step can take it out (notebooks.strip_fix_texts); and every failure a test cell can raise
   (each `assert`, each `raise AssertionError(...)`) carries a fix: its message calls
-  fix_hint. In the locked helpers cell, a raised message carries either a fix_hint call or a
-  fix the test passed in (a parameter whose name holds "fix" or "hint").
+  fix_hint, or adds a name the notebook assigns from a fix_hint call (`HINT =
+  fix_hint("...")`). In the locked helpers cell, a raised message carries either a fix_hint
+  call or a fix the test passed in (a parameter whose name holds "fix" or "hint").
 * `fragments(source)`: the words of every fix text (its literal parts, whitespace
   normalised), what `scan` looks for.
 * `scan(release, fragments)`: a release (English or Chinese) has no `fix_hint` call with an
@@ -103,10 +104,25 @@ def _fix_params(func) -> set[str]:
     return {a.arg for a in every if "fix" in a.arg.lower() or "hint" in a.arg.lower()}
 
 
+def _fix_names(source: NotebookNode) -> set[str]:
+    """Names a code cell of the notebook assigns a value that calls fix_hint (`HINT =
+    fix_hint("...")`, `HINT = "rule" + fix_hint("...")`): a message that adds one has a fix."""
+    names: set[str] = set()
+    for cell in source.cells:
+        if cell.cell_type != "code" or notebooks.FIX_HELPER + "(" not in cell.source:
+            continue
+        tree = _parse(cell.source)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Assign) and _calls_fix_hint(node.value):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
 def rules(source: NotebookNode, every_failure: bool = True) -> list[Problem]:
     """What breaks the rules of the module docstring in a course notebook (solutions/); with
     `every_failure` False, only the first (fix texts as fix_hint's literal argument)."""
     problems: list[Problem] = []
+    fix_names = _fix_names(source)
     for index, cell in enumerate(source.cells):
         if cell.cell_type != "code" or notebooks.is_solution(cell):
             continue
@@ -127,7 +143,7 @@ def rules(source: NotebookNode, every_failure: bool = True) -> list[Problem]:
         if not every_failure or not (test or helpers):
             continue
         for line, message, func in _raised_messages(tree):
-            if _calls_fix_hint(message):
+            if _calls_fix_hint(message) or _names_a_passed_fix(message, fix_names):
                 continue
             if helpers and _names_a_passed_fix(message, _fix_params(func)):
                 continue

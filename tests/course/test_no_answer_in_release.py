@@ -137,7 +137,8 @@ def test_a_fix_outside_fix_hints_argument_is_refused():
     """rules(): a fix kept in a variable (fix_hint(FIX)) could not be taken out of the release;
     with every_failure, an assert without a fix is named too."""
     nb = v4.new_notebook(cells=[v4.new_code_cell("FIX = 'keep the result'\nassert ok, 'observed' + fix_hint(FIX)\n"
-                                                 "assert ok, 'observed'\n",
+                                                 "assert ok, 'observed'\nHINT = fix_hint('keep it')\n"
+                                                 "assert ok, 'observed' + HINT\n",
                                                  metadata={"nbgrader": {"grade": True, "grade_id": "t", "points": 1,
                                                                         "solution": False, "locked": True}})])
     literal = fixtexts.rules(nb, every_failure=False)
