@@ -236,6 +236,17 @@ def test_fix_hints_are_the_one_helper(path):
         assert not problems, "fix texts the release step cannot take out:\n" + "\n".join(map(str, problems))
 
 
+@pytest.mark.parametrize("name", layout.assignments())
+def test_every_failure_of_a_test_has_a_fix(name):
+    """`make.py check --explain` and the feedback page give a fix for every failure: every
+    assert and raised AssertionError of a test cell (hidden ones included), and every failure
+    the helpers raise, carries a fix_hint (coursetools/author/fixtexts.py's rules)."""
+    from coursetools.author import fixtexts
+
+    problems = fixtexts.rules(notebooks.read(layout.source_notebook(name)))
+    assert not problems, f"{name}: failures without a fix:\n" + "\n".join(map(str, problems))
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_measuring_cells_use_the_one_verdict(path):
     """A cell that concludes from a timing carries the tag `verdict` and prints through the
