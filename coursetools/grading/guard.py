@@ -92,9 +92,10 @@ PREDICT_ASSERT = "assert not wrong"  # a Predict question's hidden check: how ma
 
 def shown_after_grading(tree: ast.AST) -> set[int]:
     """ids of the string constants of a hidden region meant for the learner once graded:
-    a Predict question's `print("What really happens ...")` (hints.REVEAL_PREFIX) and the
+    a Predict question's `print("What really happens ...")` (hints.REVEAL_PREFIX), the
     message of its `assert not wrong, ...` (how many answers are wrong, and under "How to fix"
-    which ones and the rule). Only these two statements' text leaves a hidden region."""
+    which ones and the rule), and every fix (a `fix_hint(...)` argument: a feedback page gives
+    a failed hidden test its fix). Only this text leaves a hidden region."""
     from coursetools.grading.hints import REVEAL_PREFIX
 
     ids: set[int] = set()
@@ -111,6 +112,8 @@ def shown_after_grading(tree: ast.AST) -> set[int]:
         elif (isinstance(node, ast.Assert) and node.msg is not None
               and ast.unparse(node.test) == PREDICT_ASSERT.removeprefix("assert ")):
             parts = [node.msg]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "fix_hint":
+            parts = node.args
         for part in parts or []:
             ids.update(id(n) for n in ast.walk(part) if isinstance(n, ast.Constant))
     return ids

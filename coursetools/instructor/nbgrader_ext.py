@@ -137,9 +137,12 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
     line = _failing_line(first)
     lines = cell.source.split("\n")
     predict = line is not None and 0 < line <= len(lines) and lines[line - 1].strip().startswith(guard.PREDICT_ASSERT)
-    if line is None or (line in _hidden_line_numbers(cell.source) and not predict):
-        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)"), *reveal]
     observed, fix = hints.split(_ANSI.sub("", first.get("evalue", "")))
+    if line is None or (line in _hidden_line_numbers(cell.source) and not predict):
+        # What a hidden test observed stays hidden; how to fix it is for the learner (every
+        # failure has a fix, and a fix names no expected value: coursetools/author/fixtexts.py).
+        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)"
+                                     + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
     message = observed[:1000] if predict else f"{observed[:1000]} (test line {line})"
     return [execute.error_output(ename, message + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
 

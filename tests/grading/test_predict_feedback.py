@@ -75,3 +75,38 @@ def test_any_other_hidden_failure_stays_hidden_and_a_pass_shows_the_reveal():
     reveal = v4.new_output("stream", name="stdout", text="noise\nWhat really happens (lesson 01 §3): a and c.\n")
     passed = nbgrader_ext.grader_written_outputs(_cell([reveal]), Outcome.OK, None)
     assert passed[0].text.startswith("passed: 2/2") and passed[1].text == "What really happens (lesson 01 §3): a and c.\n"
+
+
+HIDDEN_WITH_FIX = '''"""Question 2: to_device."""
+assert to_device(1) == 1, "to_device(1) must return 1" + fix_hint("return non-tensors unchanged")
+### BEGIN HIDDEN TESTS
+got = to_device(2)
+assert got == 2, (f"a secret observation: got {got}, expected 2"
+                  + fix_hint("return what .to() returns: x = x.to(device)"))
+### END HIDDEN TESTS
+'''
+
+
+def test_a_failed_hidden_test_shows_its_fix_and_hides_what_it_observed():
+    """Every failure has a fix, a hidden one too: the feedback page says a hidden test failed
+    and gives the fix under "How to fix"; what the hidden test observed stays out, and the
+    fix's words survive redaction (they are meant for the learner)."""
+    cell = v4.new_code_cell(HIDDEN_WITH_FIX)
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "test_to_device", "locked": True, "points": 2,
+                                 "solution": False}
+    line = HIDDEN_WITH_FIX.split("\n").index("assert got == 2, (f\"a secret observation: got {got}, expected 2\"") + 1
+    evalue = "a secret observation: got 3, expected 2" + hints.FIX_MARKER + "return what .to() returns: x = x.to(device)"
+    cell.outputs = [v4.new_output("error", ename="AssertionError", evalue=evalue,
+                                  traceback=[f"<grader test test_to_device>:{line}", "AssertionError"])]
+    shown = nbgrader_ext.grader_written_outputs(cell, Outcome.ERROR, None)
+    observed, fix = hints.split(shown[0].evalue)
+    assert observed == "a hidden test failed (hidden tests are not shown)" and "secret" not in shown[0].evalue
+    assert fix == "return what .to() returns: x = x.to(device)"
+    cell.outputs = shown
+    nb = v4.new_notebook(cells=[cell])
+    guard.redact(nb, guard.hidden_text(nb))
+    assert hints.split(nb.cells[0].outputs[0].evalue)[1] == fix, nb.cells[0].outputs[0].evalue
+    printed = v4.new_output("stream", name="stdout", text="a secret observation: got 3, expected 2\n")
+    nb.cells[0].outputs = [printed]
+    guard.redact(nb, guard.hidden_text(nb))
+    assert "secret" not in nb.cells[0].outputs[0].text, "a hidden observation printed by the student's code"
