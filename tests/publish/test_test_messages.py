@@ -144,7 +144,8 @@ def _failing_result(message: str) -> selfcheck.QuestionResult:
 
 
 def test_check_report_prints_the_chinese_under_the_english_and_the_fix_only_when_asked():
-    english = "AssertionError: on a machine without any GPU expected cpu, got cuda:0"
+    english = ("AssertionError: on a machine without any GPU expected cpu, got cuda:0: the fallback chain "
+               "ends on the CPU, and pick_device asks the machine what it has (lesson 01 §7)")
     fix = _fixes("01_device_basics")[0]
     message = english + hints.FIX_MARKER + fix
     i18n.set_language("zh")
@@ -156,7 +157,8 @@ def test_check_report_prints_the_chinese_under_the_english_and_the_fix_only_when
         i18n.set_language("en")
     lines = brief.splitlines()
     at = next(i for i, line in enumerate(lines) if "on a machine without any GPU" in line)
-    assert lines[at + 1].strip().startswith("提示：") and "cuda:0" in lines[at + 1], brief
+    hint = next(i for i, line in enumerate(lines) if line.strip().startswith("提示："))
+    assert at < hint <= at + 2 and "cuda:0" in lines[hint], brief  # under the English (two lines, wrapped)
     assert brief.count("提示：") == 1, brief  # the fix's Chinese only with --explain
     english_report = selfcheck.format_report(Path("x.ipynb"), "01_device_basics", [_failing_result(message)], 1.0, False)
     assert "提示" not in english_report
@@ -169,7 +171,9 @@ def test_feedback_page_cell_gets_the_chinese_hint_and_a_bilingual_fix():
     cell.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1}
     fix = _fixes("01_device_basics")[0]
     cell.outputs = [v4.new_output("error", ename="AssertionError", traceback=[],
-                                  evalue="on a machine without any GPU expected cpu, got cuda:0 (test line 3)"
+                                  evalue=("on a machine without any GPU expected cpu, got cuda:0: the fallback "
+                                          "chain ends on the CPU, and pick_device asks the machine what it has "
+                                          "(lesson 01 §7) (test line 3)")
                                   + hints.FIX_MARKER + fix)]
     english = v4.new_code_cell("assert False")
     english.metadata = cell.metadata
