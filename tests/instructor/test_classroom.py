@@ -392,7 +392,7 @@ def class_of_02():
     src = _source(A2)
     first_answer = next(notebooks.grade_id(c) for c in src.cells if notebooks.is_solution(c))
     crash_loses = [notebooks.grade_id(c) for c in notebooks.test_cells(src)
-                   if "to_device_of" in notebooks.grade_id(c)]
+                   if notebooks.grade_id(c) == f"test_{first_answer}"]
     return {
         "correct": (fixtures.fill(_release(A2), full), [], []),
         "blank": (_release(A2), ids, []),
