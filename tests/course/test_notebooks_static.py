@@ -325,3 +325,30 @@ def test_the_bare_skip_check_finds_one():
     nb = notebooks.nbformat.v4.new_notebook(cells=[notebooks.nbformat.v4.new_code_cell(
         'if on_gpu:\n    run()\nelse:\n    print(f"Skipped: no GPU here ({device})")\nprint("3 steps skipped")')])
     assert bare_skips(nb) == ["Skipped: no GPU here ({})"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", layout.assignments())
+def test_answers_that_do_nothing_score_zero(name, tmp_path):
+    """Every function an answer cell defines, replaced by one that returns None (a learner who
+    wrote only the signatures, or a stub that returns instead of raising), earns no point: a
+    test that passes for doing nothing cannot fail for a lazy answer. (A build_on test of
+    chapter 01 once gave 2 points for leaving the default device alone by building nothing.)"""
+    import nbformat
+
+    from coursetools.learner import selfcheck
+
+    source = notebooks.read(layout.source_notebook(name))
+    answers = {}
+    for cell in source.cells:
+        if cell.cell_type == "code" and notebooks.is_solution(cell):
+            funcs = [n.name for n in ast.parse(cell.source).body if isinstance(n, ast.FunctionDef)]
+            if funcs:
+                answers[notebooks.grade_id(cell)] = "".join(f"def {f}(*args, **kwargs):\n    return None\n"
+                                                            for f in funcs)
+    assert answers, f"{name}: no answer cell defines a function"
+    path = tmp_path / f"{name}.ipynb"
+    nbformat.write(fixtures.fill(notebooks.read(layout.release_notebook(name)), answers), path)
+    _, results = selfcheck.check(path)
+    earned = {r.grade_id: r.score for r in results if r.score}
+    assert not earned, f"{name}: answers that return None earn {earned}"
