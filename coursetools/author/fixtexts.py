@@ -147,9 +147,8 @@ def rules(source: NotebookNode, every_failure: bool = True) -> list[Problem]:
                 continue
             if helpers and _names_a_passed_fix(message, _fix_params(func)):
                 continue
-            what = "an assert" if message is None or not test else "a failure"
             problems.append(Problem(index, line, (
-                f"{what} whose message has no fix_hint(...): `--explain` and the feedback page owe a fix "
+                "a failure whose message has no fix_hint(...): `--explain` and the feedback page owe a fix "
                 "for every failure" if message is not None else
                 "an assert without a message: say what was observed, the rule, and a fix_hint(...)")))
     return problems
