@@ -63,6 +63,10 @@ def run_script(script: str, args: list[str], pretend: bool = False, module: bool
         print_error(exc, path)
         return 1
     except BaseException as exc:  # the script's own error, with the tracer's note
+        stop = exc.__cause__
+        if isinstance(stop, devtrace.PretendCannot):   # raised inside torch, which wrapped it
+            print(f"\n[make.py trace --pretend-cuda] the run stopped at {stop}", file=sys.stderr)
+            return 1
         print_error(exc, path)
         return 1
     finally:
