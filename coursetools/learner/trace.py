@@ -7,7 +7,9 @@ parameter or buffer of a module, and the line of your code that made or last mov
 what the script sends to "cuda" goes to `meta`, a device without values that runs PyTorch's
 device checks. A device bug that only a GPU would raise is then found on a laptop. Where the script
 needs a value from the pretend GPU (.item(), printing it, an `if` on it), the run stops with a
-message naming that line: it never shows a made-up number.
+message naming that line: it never shows a made-up number. Module.to() keeps each Parameter object,
+as on a GPU. What meta cannot stand for is said where it happens: autocast("cuda") (no effect on
+meta: a note on stderr), CUDA streams, events and device properties (the run stops there).
 
 DDP: `python3 make.py trace torchrun --nproc-per-node 2 train.py` (or `-m MODULE`, as `python -m`)
 runs the launcher, and each rank it starts runs under the tracer too (rank_hook/sitecustomize.py),
