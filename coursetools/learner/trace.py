@@ -7,7 +7,9 @@ parameter or buffer of a module, and the line of your code that made or last mov
 what the script sends to "cuda" goes to `meta`, a device without values that runs PyTorch's
 device checks. A device bug that only a GPU would raise is then found on a laptop. Where the script
 needs a value from the pretend GPU (.item(), printing it, an `if` on it), the run stops with a
-message naming that line: it never shows a made-up number.
+message naming that line: it never shows a made-up number. Module.to() keeps each Parameter object,
+as on a GPU. What meta cannot stand for is said where it happens: autocast("cuda") (no effect on
+meta: a note on stderr), CUDA streams, events and device properties (the run stops there).
 
 DDP: `python3 make.py trace torchrun --nproc-per-node 2 train.py` (or `-m MODULE`, as `python -m`)
 runs the launcher, and each rank it starts runs under the tracer too (rank_hook/sitecustomize.py),
@@ -63,6 +65,10 @@ def run_script(script: str, args: list[str], pretend: bool = False, module: bool
         print_error(exc, path)
         return 1
     except BaseException as exc:  # the script's own error, with the tracer's note
+        stop = exc.__cause__
+        if isinstance(stop, devtrace.PretendCannot):   # raised inside torch, which wrapped it
+            print(f"\n[make.py trace --pretend-cuda] the run stopped at {stop}", file=sys.stderr)
+            return 1
         print_error(exc, path)
         return 1
     finally:

@@ -383,3 +383,277 @@ def test_a_library_in_site_packages_is_user_code_not_the_standard_library():
     assert devtrace._skipped(fake(os_module.path.join(lib, "json", "decoder.py")))
     assert not devtrace._skipped(fake(os_module.path.join(lib, "site-packages", "timm", "layers.py")))
     assert devtrace._skipped(fake(os_module.path.join(os_module.path.dirname(torch.__file__), "nn", "x.py")))
+
+
+IDENTITY = '''\
+import torch
+import torch.nn as nn
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+torch.manual_seed(0)
+x = torch.randn(4, 3).to(device)
+
+model = nn.Linear(3, 2)
+bias = model.bias                               # a reference taken before .to()
+model.to(device)
+print("reference kept:", bias is model.bias, (model(x) - bias).shape)
+
+a, b = nn.Linear(3, 3), nn.Linear(3, 3)
+b.weight = a.weight                             # tied weights
+net = nn.Sequential(a, b).to(device)
+print("tied:", a.weight is b.weight, len(list(net.parameters())))
+
+mlp = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+opt = torch.optim.Adam(mlp.parameters(), lr=0.1)   # built before the move
+mlp.to(device)
+loss = mlp(x).pow(2).mean()
+opt.zero_grad()
+loss.backward()
+opt.step()
+print("optimizer holds the model's:", all(p is q for p, q in zip(opt.param_groups[0]["params"], mlp.parameters())),
+      len(opt.state))
+
+one = nn.Linear(3, 2)
+w = one.weight
+one.cuda() if torch.cuda.is_available() else one.cpu()
+one.to(device)                                  # already there
+one.to(device, torch.float16)
+one.half()
+print("kept through cuda(), to(dtype), half():", w is one.weight, w.dtype)
+print("finished")
+'''
+
+
+def test_correct_programs_keep_their_parameters_under_pretend_cuda(tmp_path):
+    """A GPU's Module.to() keeps each Parameter object (it replaces .data); pretend-CUDA must too:
+    a reference taken before .to(), tied weights and an optimizer built before the move run as on a
+    GPU, with the same identities and counts as the plain run prints (no invented error)."""
+    (tmp_path / "plain.py").write_text(IDENTITY)
+    plain = subprocess.run([sys.executable, "plain.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = trace(tmp_path, IDENTITY, "--pretend-cuda")
+    assert plain.returncode == 0 and out.returncode == 0, out.stderr[-3000:]
+    printed = [line for line in out.stdout.splitlines() if not line.startswith("+ ")]
+    assert printed == plain.stdout.splitlines(), (printed, plain.stdout)
+    assert "reference kept: True torch.Size([4, 2])" in printed
+    assert "tied: True 3" in printed and "optimizer holds the model's: True 6" in printed
+    assert "kept through cuda(), to(dtype), half(): True torch.float16" in printed
+    import torch
+    assert not torch.__future__.get_swap_module_params_on_conversion()     # the flag is back
+
+
+def test_a_parameter_pretend_cuda_cannot_swap_stops_the_run_without_blame(tmp_path):
+    """A view of a parameter holds it, so it cannot be swapped onto meta: the run stops at the
+    .to() line and says so; it does not go on with a new Parameter and invent an error later."""
+    script = '''\
+    import torch
+    import torch.nn as nn
+    m = nn.Linear(3, 2)
+    flat = m.weight.view(-1)
+    m.to("cuda")
+    print(m(torch.ones(1, 3, device="cuda")).shape)
+    '''
+    out = trace(tmp_path, script, "--pretend-cuda")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"the run stopped at {tmp_path}/main.py:5" in out.stderr, out.stderr
+    assert "cannot be swapped" in out.stderr and "No device error was found before this line" in out.stderr
+    assert "device tracer:" not in out.stderr
+
+
+def test_a_stale_reference_is_labelled_stale_not_moved():
+    """On meta (not pretending) Module.to() makes new Parameters, as it does for buffers on a GPU:
+    the old object is a stale reference, and the note says so instead of 'moved by to'."""
+    import torch
+    import torch.nn as nn
+    from coursetools.learner.devtrace import trace_devices
+    with trace_devices() as tracer:
+        model = nn.Linear(3, 2)
+        tracer.name_module(model)
+        old = model.weight
+        model.to("meta")
+        try:
+            torch.ones(2, 3, device="meta") + old
+        except RuntimeError as exc:
+            note = exc.__notes__[-1]
+    line = next(line for line in note.splitlines() if "2. cpu" in line)
+    assert "weight (parameter), a STALE reference" in line and "moved by" not in line, note
+
+
+def test_the_note_says_a_gpu_raises_only_where_one_does():
+    import torch
+    from coursetools.learner import devtrace
+    meta, cpu, scalar = torch.ones(3, device="meta"), torch.ones(3), torch.tensor(1.0)
+    assert devtrace._gpu_raises_too("add", [meta, cpu])
+    assert not devtrace._gpu_raises_too("add", [meta, scalar])          # a 0-dim CPU operand joins
+    assert devtrace._gpu_raises_too("nextafter", [meta, scalar])        # ... except where CUDA checks all
+    assert not devtrace._gpu_raises_too("__getitem__", [meta, torch.tensor([0])])   # CPU indices are taken
+    assert devtrace._gpu_raises_too("__getitem__", [cpu, torch.tensor([0], device="meta")])
+
+
+def _mixed_calls(gpu):
+    """name -> a call mixing a CPU tensor with one on `gpu`, for the operations whose meta kernels
+    might not check devices (and some that do: mv, dot, addmm, 1-D matmul)."""
+    import torch
+    import torch.nn.functional as F
+    t = lambda *s, on="cpu": torch.ones(*s).to(on)
+    i = lambda *s, on="cpu": torch.zeros(*s, dtype=torch.long).to(on)
+    return {
+        "gather": lambda: torch.gather(t(3, 4, on=gpu), 1, i(3, 2)),
+        "scatter": lambda: torch.scatter(t(3, 4, on=gpu), 1, i(3, 2), t(3, 2, on=gpu)),
+        "scatter_": lambda: t(3, 4, on=gpu).scatter_(1, i(3, 2), t(3, 2, on=gpu)),
+        "scatter_add": lambda: torch.scatter_add(t(3, 4, on=gpu), 1, i(3, 2), t(3, 2, on=gpu)),
+        "scatter_add_": lambda: t(3, 4, on=gpu).scatter_add_(1, i(3, 2), t(3, 2, on=gpu)),
+        "scatter_reduce": lambda: torch.scatter_reduce(t(3, 4, on=gpu), 1, i(3, 2), t(3, 2, on=gpu), "sum"),
+        "baddbmm": lambda: torch.baddbmm(t(2, 3, 5, on=gpu), t(2, 3, 4), t(2, 4, 5, on=gpu)),
+        "addbmm": lambda: torch.addbmm(t(3, 5, on=gpu), t(2, 3, 4), t(2, 4, 5, on=gpu)),
+        "einsum": lambda: torch.einsum("ij,jk->ik", t(3, 4), t(4, 5, on=gpu)),
+        "tensordot": lambda: torch.tensordot(t(3, 4), t(4, 5, on=gpu), dims=1),
+        "__getitem__": lambda: t(5)[i(3, on=gpu)],
+        "__setitem__": lambda: t(5).__setitem__(i(3, on=gpu), 1.0),
+        "index_select": lambda: torch.index_select(t(5, 3, on=gpu), 0, i(2)),
+        "take": lambda: torch.take(t(5, on=gpu), i(2)),
+        "put_": lambda: t(5, on=gpu).put_(i(2), t(2, on=gpu)),
+        "embedding": lambda: F.embedding(i(3), t(5, 2, on=gpu)),
+        "embedding_bag": lambda: F.embedding_bag(i(2, 3), t(5, 2, on=gpu)),
+        "matmul": lambda: torch.matmul(t(3, 4), t(4, 5, on=gpu)),
+        "__matmul__": lambda: t(2, 3, 4) @ t(4, 5, on=gpu),
+        "mm": lambda: torch.mm(t(3, 4), t(4, 5, on=gpu)),
+        "bmm": lambda: torch.bmm(t(2, 3, 4), t(2, 4, 5, on=gpu)),
+        "linear": lambda: F.linear(t(3, 4), t(5, 4, on=gpu)),
+        "bilinear": lambda: F.bilinear(t(3, 4), t(3, 4, on=gpu), t(2, 4, 4, on=gpu)),
+        "conv1d": lambda: F.conv1d(t(1, 2, 8), t(3, 2, 3, on=gpu)),
+        "conv2d": lambda: F.conv2d(t(1, 2, 8, 8), t(3, 2, 3, 3, on=gpu)),
+        "conv3d": lambda: F.conv3d(t(1, 2, 4, 4, 4), t(3, 2, 3, 3, 3, on=gpu)),
+        "conv_transpose1d": lambda: F.conv_transpose1d(t(1, 2, 8), t(2, 3, 3, on=gpu)),
+        "conv_transpose2d": lambda: F.conv_transpose2d(t(1, 2, 8, 8), t(2, 3, 3, 3, on=gpu)),
+        "conv_transpose3d": lambda: F.conv_transpose3d(t(1, 2, 4, 4, 4), t(2, 3, 3, 3, 3, on=gpu)),
+        "masked_scatter": lambda: t(3, on=gpu).masked_scatter(torch.tensor([True, False, True]).to(gpu), t(3)),
+        "cdist": lambda: torch.cdist(t(3, 4), t(5, 4, on=gpu)),
+        "searchsorted": lambda: torch.searchsorted(t(5, on=gpu), t(3)),
+        "bucketize": lambda: torch.bucketize(t(3, on=gpu), t(5)),
+        "linalg_cross": lambda: torch.linalg.cross(t(3), t(3, on=gpu)),
+        "linalg_solve_triangular": lambda: torch.linalg.solve_triangular(t(3, 3), t(3, 1, on=gpu), upper=True),
+        # checked on meta: the tracer leaves them to PyTorch
+        "mv": lambda: torch.mv(t(3, 4), t(4, on=gpu)),
+        "dot": lambda: torch.dot(t(4), t(4, on=gpu)),
+        "addmm": lambda: torch.addmm(t(3, 5), t(3, 4, on=gpu), t(4, 5, on=gpu)),
+        "1-D matmul": lambda: torch.matmul(t(4), t(4, on=gpu)),
+        "index_add": lambda: t(5, 3, on=gpu).index_add(0, i(2), t(2, 3, on=gpu)),
+        "take_along_dim": lambda: torch.take_along_dim(t(3, 4, on=gpu), i(3, 2), 1),
+        "add": lambda: t(3) + t(3, on=gpu),
+        "cat": lambda: torch.cat([t(3), t(3, on=gpu)]),
+        "layer_norm": lambda: F.layer_norm(t(2, 3, on=gpu), (3,), t(3), t(3)),
+        "cross_entropy": lambda: F.cross_entropy(t(4, 3, on=gpu), i(4)),
+    }
+
+
+def _unchecked_on_meta():
+    names = set()
+    for name, call in _mixed_calls("meta").items():
+        try:
+            call()
+        except (RuntimeError, NotImplementedError):
+            continue
+        names.add(name)
+    return names
+
+
+def test_the_list_of_ops_meta_does_not_check_is_measured():
+    """UNCHECKED_ON_META is what this torch does: every listed op measured here lets cpu and meta
+    mix, every other one measured raises (so the list cannot go stale across releases)."""
+    from coursetools.learner.devtrace import UNCHECKED_ON_META
+    calls = _mixed_calls("meta")
+    same_kernel = {"__rmatmul__", "scatter_reduce_", "masked_scatter_", "index_put_", "index_put"}
+    assert UNCHECKED_ON_META - same_kernel <= set(calls), "every listed op has a measured call"
+    listed = {name for name in calls if name in UNCHECKED_ON_META}
+    unchecked = _unchecked_on_meta()
+    assert unchecked == listed, f"listed but checked: {sorted(listed - unchecked)}; unlisted but unchecked: " \
+                                f"{sorted(unchecked - listed)}"
+    assert {"mv", "dot", "addmm", "1-D matmul", "add"} <= set(calls) - listed     # these do check on meta
+
+
+@pytest.mark.parametrize("name", sorted(n for n in _mixed_calls("meta") if " " not in n))
+def test_each_op_meta_does_not_check_is_caught_under_pretend_cuda(name):
+    """Each op of the list, written as a program does (a GPU tensor from .to('cuda') and a CPU one),
+    raises under pretend-CUDA, as on a GPU; an op meta checks raises there by itself."""
+    import torch
+    from coursetools.learner.devtrace import trace_devices
+    with trace_devices(pretend=True):
+        with pytest.raises(RuntimeError) as raised:
+            _mixed_calls("cuda")[name]()
+    assert "device tracer:" in raised.value.__notes__[-1], raised.value
+    assert "on a GPU this call raises the same error" in raised.value.__notes__[-1], raised.value.__notes__
+    assert not torch.ones(1).is_meta
+
+
+ZERO_DIM = {   # a 0-dim CPU tensor with a GPU tensor, and the ATen op whose CUDA kernel decides
+    "embedding": ("index_select", lambda gpu, torch, F: torch.nn.Embedding(5, 2).to(gpu)(torch.tensor(3))),
+    "index_select": ("index_select", lambda gpu, torch, F: torch.index_select(torch.ones(5, 3).to(gpu), 0, torch.tensor(1))),
+    "gather": ("gather", lambda gpu, torch, F: torch.ones(3).to(gpu).gather(0, torch.tensor(1))),
+    "nextafter": ("nextafter", lambda gpu, torch, F: torch.nextafter(torch.ones(3).to(gpu), torch.tensor(1.0))),
+    "logaddexp": ("logaddexp", lambda gpu, torch, F: torch.logaddexp(torch.ones(3).to(gpu), torch.tensor(1.0))),
+    "clamp": ("clamp.Tensor", lambda gpu, torch, F: torch.ones(3).to(gpu).clamp(min=torch.tensor(0.0))),
+    "cross_entropy": ("nll_loss_forward", lambda gpu, torch, F: F.cross_entropy(torch.ones(3).to(gpu), torch.tensor(1))),
+    "addmm": ("addmm", lambda gpu, torch, F: torch.addmm(torch.tensor(1.0), torch.ones(2, 3).to(gpu), torch.ones(3, 4).to(gpu))),
+}
+ZERO_DIM_JOINS = {   # element-wise: the CUDA kernel skips the device check, TensorIterator takes the CPU scalar
+    "mul": ("mul.Tensor", lambda gpu, torch, F: torch.ones(3).to(gpu) * torch.tensor(2.0)),
+    "where": ("where.self", lambda gpu, torch, F: torch.where(torch.ones(3).to(gpu) > 0, torch.tensor(0.0), torch.ones(3).to(gpu))),
+    "lerp": ("lerp.Tensor", lambda gpu, torch, F: torch.lerp(torch.ones(3).to(gpu), torch.zeros(3).to(gpu), torch.tensor(0.5))),
+    "mse_loss": ("mse_loss", lambda gpu, torch, F: F.mse_loss(torch.ones(()).to(gpu), torch.tensor(1.0))),
+    "masked_fill": ("masked_fill.Tensor", lambda gpu, torch, F: torch.ones(3).to(gpu).masked_fill(torch.ones(3).to(gpu) > 0, torch.tensor(0.0))),
+}
+
+
+def _native_functions():
+    yaml = pytest.importorskip("yaml")
+    import torchgen
+    path = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
+    if not path.exists():
+        pytest.skip("this torch ships no native_functions.yaml")
+    return {f["func"].split("(")[0]: f for f in yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))}
+
+
+def test_a_0_dim_cpu_tensor_is_exempt_only_where_cudas_kernel_skips_the_check():
+    """CUDA's generated wrapper checks every tensor argument unless native_functions.yaml says
+    `device_check: NoCheck` (c10/core adaption.h: check_and_update_common_device). Meta exempts a
+    0-dim CPU tensor everywhere; the tracer refuses it where CUDA does, and only there."""
+    import torch
+    import torch.nn.functional as F
+    from coursetools.learner.devtrace import CPU_SCALARS_REFUSED, trace_devices
+    native = _native_functions()
+    for name, (op, call) in ZERO_DIM.items():
+        assert native[op].get("device_check", "ExactSame") == "ExactSame", op
+        assert name in CPU_SCALARS_REFUSED, name
+        call("meta", torch, F)                                  # meta lets it through ...
+        with trace_devices(pretend=True), pytest.raises(RuntimeError) as raised:
+            call("cuda", torch, F)                              # ... the tracer does not
+        assert "on a GPU this call raises the same error" in raised.value.__notes__[-1], name
+    for name, (op, call) in ZERO_DIM_JOINS.items():
+        assert native[op].get("device_check") == "NoCheck", op
+        assert name not in CPU_SCALARS_REFUSED, name
+        with trace_devices(pretend=True):
+            call("cuda", torch, F)                              # runs, as on a GPU
+
+
+def test_what_pretend_cuda_cannot_stand_for_is_said_where_it_happens(capsys):
+    """Streams, events and device properties stop the run with a message naming the line;
+    torch.cuda.device(0) and set_device(0) do nothing, as on a one-GPU machine; .pin_memory()
+    gives a copy; autocast('cuda') runs but says it does not act on meta (float32 stays float32)."""
+    import torch
+    import torch.nn as nn
+    from coursetools.learner.devtrace import NeedsValues, trace_devices
+    with trace_devices(pretend=True):
+        for make in (torch.cuda.Stream, torch.cuda.Event, torch.cuda.current_stream):
+            with pytest.raises(NeedsValues, match="pretend-CUDA cannot stand for it") as raised:
+                make()
+            assert "test_trace.py" in str(raised.value) and "No device error was found" in str(raised.value)
+        with torch.cuda.device(0):
+            torch.cuda.set_device(0)
+        pinned = torch.ones(3).pin_memory()
+        assert pinned.device.type == "cpu" and not pinned.is_pinned()
+        layer = nn.Linear(3, 2).cuda()
+        with torch.autocast("cuda"):
+            out = layer(torch.ones(1, 3, device="cuda"))
+    assert out.dtype == torch.float32          # a GPU gives float16: said on stderr
+    err = capsys.readouterr().err
+    assert "autocast('cuda') does not act on the pretend GPU's tensors" in err and "gives float16" in err, err
