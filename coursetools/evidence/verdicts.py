@@ -167,8 +167,7 @@ RATIO_FINDING = re.compile(r"\d[\d.,]*× (the|as|faster|slower)\b")
 # The absence of a difference is a conclusion too, and the rule never draws it: a verdict either
 # names a winner or says "no conclusion". (A 5× ratio of medians with one overlapping round is "no
 # conclusion", not "nothing to explain".)
-ABSENCE = re.compile(r"(?i)\bnothing to explain\b|\bno (\w+ )?(drop|difference|overhead|price|gain|saving)s?\b"
-                     r"|\bno (time )?difference\b|\bwithin noise, so\b")
+ABSENCE = re.compile(r"(?i)\bnothing to explain\b|\bno (\w+ )?(drop|difference|overhead|price|gain|saving)s?\b")
 # Drawing calls that plot a value per variant: in a verdict cell each must carry its range.
 PLOTS = ("bar", "barh", "plot", "loglog", "semilogx", "semilogy", "scatter")
 
