@@ -4,16 +4,31 @@ check that what such a cell concluded follows from the figures it printed.
 A lesson cell that draws a conclusion from a measurement (one variant faster than another, a
 saving, an overhead) measures the variants **interleaved** (A B, B A, A B, ...: a burst of load
 falls on both alike), **repeats** them (`ROUNDS` rounds at least), prints each one's median and
-range, and concludes only when every round of one beat every round of the other. If the two
-were equally fast, the rounds would be exchangeable, and all 5 of one landing below all 5 of the
-other would happen in 2 of the C(10, 5) = 252 orderings: 0.8 %. Otherwise it prints "no
-conclusion: within noise". Such a cell carries the tag `verdict`.
+range, and concludes only when every round of one beat every round of the other. Otherwise it
+prints "no conclusion: within noise". Such a cell carries the tag `verdict`.
+
+How often two equally fast variants get a winner anyway depends on how their spreads compare. If
+both vary alike, the rounds are exchangeable, and all 5 of one landing below all 5 of the other
+happens in 2 of the C(10, 5) = 252 orderings: 0.8 %. If one is steadier than the other (a stable
+variant against a noisy one, equal medians), more often: a seeded simulation of the helpers' own
+order, 5 rounds (tests/evidence/test_verdicts.py), gave 1.2 % when one varies twice as much as the
+other, 4 % at ten times, and 6 % when one does not vary at all (2 in 32: all 5 rounds of the noisy
+one on the same side). A CPU run of the course prints about 27 verdicts; were every one of them a
+comparison of equally fast variants, the same simulation gave at least one false winner in 19 %
+(equal spreads) to 82 % (one steady) of runs. Most of the course's comparisons are of variants
+that differ by design; a false winner can come only from those that run the same work (a flag
+the CPU ignores, a no-op at two sizes).
+
+What a cell prints after a verdict must follow from it (`check_output`): after "no conclusion" no
+cause, no winner, no ratio stated as a finding, and never "nothing to explain" or "no drop" (the
+absence of a difference is a conclusion too); a figure of a verdict cell draws each variant's range
+(`check_source`). `check_cell` runs all three checks.
 
 The two functions in `HELPER_SOURCE` are copied, byte for byte, into the chapter-tools cell of
 each notebook that has such a cell (a notebook imports nothing of the repository's own: it must
 run alone in Colab). `tests/course/test_notebooks_static.py` holds every copy to this one, and
 `tests/evidence/test_verdicts_under_load.py` runs the notebooks under a CPU load it starts and
-checks every printed verdict line with `check_line`.
+checks every verdict cell's source and printed output with `check_cell`.
 """
 
 from __future__ import annotations
@@ -43,8 +58,9 @@ def interleaved(timers, rounds=5):
 def verdict(samples, a, b, unit="ms"):
     """Print one line: the median and range (min-max) of the per-round times of `a` and `b`,
     then a conclusion only if every round of one beat every round of the other (their ranges do
-    not overlap; for two equally fast variants, 5 rounds each, that happens by chance in 2 of 252
-    orderings). Returns the faster label, or None: no conclusion, within noise."""
+    not overlap). For two equally fast variants, 5 rounds each, that happens by chance in 0.8 %
+    of runs if both vary alike (2 of 252 orderings), and in up to 6 % if one is steady and the
+    other noisy (simulated). Returns the faster label, or None: no conclusion, within noise."""
     scale = {"s": 1.0, "ms": 1e3, "µs": 1e6}[unit]
     from statistics import median
 
@@ -137,6 +153,77 @@ def check_line(v: Verdict) -> list[str]:
     elif not math.isclose(float(m[2]), ratio, rel_tol=0.01, abs_tol=0.011):
         problems.append(f"the ratio {m[2]} is not the medians' ratio {ratio:.3f}")
     return problems
+
+
+# What a cell may not print after a verdict that drew no conclusion (until its next verdict line):
+# a "no conclusion" allows no reading of the figures beyond "within noise".
+AFTER_NO_CONCLUSION = {
+    "a cause": re.compile(r"(?i)\b(so|because|therefore|hence|thus|explains?|explained)\b|(?<!\bno )\bcaused?\b"),
+    "a winner": re.compile(r"(?i)\bin every round\b|\b(was|were) (faster|slower|quicker)\b|\b(won|beat|beats)\b"),
+}
+# A ratio stated as a finding ("8.9× the time", "0.96× the single samples' median", "5× as fast"):
+# only a verdict that concluded supports one.
+RATIO_FINDING = re.compile(r"\d[\d.,]*× (the|as|faster|slower)\b")
+# The absence of a difference is a conclusion too, and the rule never draws it: a verdict either
+# names a winner or says "no conclusion". (A 5× ratio of medians with one overlapping round is "no
+# conclusion", not "nothing to explain".)
+ABSENCE = re.compile(r"(?i)\bnothing to explain\b|\bno (\w+ )?(drop|difference|overhead|price|gain|saving)s?\b")
+# Drawing calls that plot a value per variant: in a verdict cell each must carry its range.
+PLOTS = ("bar", "barh", "plot", "loglog", "semilogx", "semilogy", "scatter")
+
+
+def check_output(text: str) -> list[str]:
+    """What is wrong with what a verdict cell printed around its verdict lines: each verdict line's
+    own figures (`check_line`); after a "no conclusion" (until the next verdict line), a cause, a
+    winner or a ratio stated as a finding; a ratio stated as a finding that no concluding verdict
+    precedes; and anywhere, a claimed absence of a difference ("nothing to explain", "no drop"),
+    which the rule never concludes."""
+    problems = []
+    current: Verdict | None = None  # the last verdict line above this line
+    by_line = {v.line: v for v in parse(text)}
+    for raw in text.splitlines():
+        start = raw.find("verdict (")
+        if start >= 0 and raw[start:].rstrip() in by_line:
+            current = by_line[raw[start:].rstrip()]
+            problems += [f"{p}: {current.line}" for p in check_line(current)]
+            continue
+        line = raw.strip()
+        if not line:
+            continue
+        problems += [f"{m[0]!r} claims the absence of a difference, which no verdict concludes "
+                     f"(say 'no conclusion'): {line!r}" for m in ABSENCE.finditer(line)]
+        if current is not None and not current.concluded:
+            for what, pattern in AFTER_NO_CONCLUSION.items():
+                if m := pattern.search(line):
+                    problems.append(f"{what} ({m[0]!r}) after a verdict that drew no conclusion: {line!r}")
+        if current is None or not current.concluded:
+            problems += [f"a ratio stated as a finding ({m[0]!r}) "
+                         + ("with no verdict above it" if current is None else
+                            "after a verdict that drew no conclusion") + f": {line!r}"
+                         for m in RATIO_FINDING.finditer(line)]
+    return problems
+
+
+def check_source(source: str) -> list[str]:
+    """What is wrong with a verdict cell's drawing: a bar or line of a measured value drawn without
+    its range (`xerr=`/`yerr=`, or `errorbar`), under a title that may say "no conclusion" over
+    bars 5× apart."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    problems = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PLOTS
+                and not {"xerr", "yerr"} & {k.arg for k in node.keywords}):
+            problems.append(f"line {node.lineno}: .{node.func.attr}() draws a measured value without its range: "
+                            "draw each variant's range over its rounds (xerr=/yerr=, or errorbar)")
+    return problems
+
+
+def check_cell(source: str, text: str) -> list[str]:
+    """Every check of a verdict cell: its source's drawing and its printed output."""
+    return check_source(source) + check_output(text)
 
 
 def helper_defs(source: str) -> dict[str, str]:

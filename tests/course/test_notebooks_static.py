@@ -270,6 +270,8 @@ def test_measuring_cells_use_the_one_verdict(path):
         cell = nb.cells[i]
         assert cell.cell_type == "code" and "verdict(" in cell.source, (
             f"cell {i} is tagged {verdicts.TAG!r} but calls no verdict(): it must print its conclusion through it")
+        drawing = verdicts.check_source(cell.source)
+        assert not drawing, f"cell {i}: " + "; ".join(drawing)
     untagged = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i not in tagged
                 and "def verdict" not in c.source
                 and re.search(r"(?<![\w.])verdict\(", c.source)]

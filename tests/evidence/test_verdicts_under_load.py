@@ -10,6 +10,9 @@ stopped at its end, each also ending by itself after LOAD_MAX_S). Then, for each
 * it printed at least one verdict line, and every verdict line of the notebook is consistent
   with the figures printed on that line (`verdicts.check_line`): a conclusion only where the
   ranges of the interleaved rounds do not overlap, the ratio the medians', the faster one named;
+* what it printed after a verdict follows from it, and its figures draw their ranges
+  (`verdicts.check_cell`): no cause, winner or ratio after "no conclusion", never "nothing to
+  explain" or "no drop";
 * nothing was left in the kernel's private TMPDIR (the multi-process lessons clean up).
 
 The verdicts each run printed go to test-artifacts/verdicts-under-load.txt, with the load
@@ -139,7 +142,7 @@ def test_verdicts_follow_from_the_figures_under_load(path, cpu_load, report, tmp
             problems.append(f"cell {i} is tagged {verdicts.TAG!r} but printed no verdict line: {printed[-400:]!r}")
         for v in found:
             report.append(f"cell {i}: {v.line}")
-            problems += [f"cell {i}: {p}: {v.line}" for p in verdicts.check_line(v)]
+        problems += [f"cell {i}: {p}" for p in verdicts.check_cell(nb.cells[i].source, printed)]
     left = sorted(str(p.relative_to(private_tmp)) for p in private_tmp.iterdir())
     if left:
         problems.append(f"left in the kernel's TMPDIR: {left[:10]}")
