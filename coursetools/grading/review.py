@@ -48,7 +48,25 @@ The constructs (`CONSTRUCTS`), each tested in tests/grading/test_review.py:
   no argument) or `locals()`; the builtins namespace (`__builtins__`, `import builtins`); a
   top-level name that shadows a builtin the notebook's tests call (`isinstance`, `all`, ...);
   class bodies that pose as another type (`__class__`, `__module__`, `__qualname__`,
-  `__instancecheck__`, `__subclasscheck__`);
+  `__instancecheck__`, `__subclasscheck__`). Judged by what the code does, not how it is spelt:
+  a small dataflow follows a library's module or class (and the course's helpers) through
+  containers (`[torch.Tensor][0]`, `d["t"]`, `l.append(...)`), loops, object attributes,
+  `globals()[...]`/`vars(m)[...]`, `getattr`, `__self__`, `pydoc.locate`, `import_module` and
+  `sys.modules`, identity functions, and into the student's functions: a function that sets
+  an attribute of a parameter (directly, through `setattr`, a mock or another function) is
+  flagged where it is handed a library's module or class (`def _use(ns, f): ns.device = f`
+  called as `_use(torch, F)`), across cells too; `unittest.mock` patchers (`patch`,
+  `patch.object`, `patch.dict`, `patch.multiple`) replacing what the student did not define,
+  started, as decorators, entered on a stack or inside a function (a patch in a top-level
+  `with` block is undone before any test runs, and is not flagged); `register` on a library's
+  class or ABC (`collections.abc.Sequence.register(X)`), or of a library's class on the
+  student's ABC; a subclass of a library tensor type (`torch.Tensor`, `nn.Parameter`,
+  `np.ndarray`, ...; by a class body or `type()`) that defines a torch or NumPy protocol
+  (`__torch_function__`, `__array_function__`, ...) or what a test reads of a tensor
+  (`is_meta`, `device`, `dtype`, ...); a top-level binding (assignment, loop, `global`) of a
+  global the course's setup binds and its tests read (`device`: a test's GPU-only branch
+  depends on it), an import of the same module excepted; the grader's agent
+  (`__course_agent__`) by name;
 * **obfuscation**, flagged as such: `getattr`/`setattr`/`delattr` with a computed name on a
   module or the builtins (`getattr(torch, device.type).synchronize()` and
   `getattr(torch, d.type, None)` stay allowed: a computed name on `torch` itself, used at once
@@ -59,7 +77,10 @@ The constructs (`CONSTRUCTS`), each tested in tests/grading/test_review.py:
   `zlib`/`bz2`/`lzma` decompression, `bytes.fromhex`).
 
 Measured (tests/grading/test_review.py): no finding in any solution or fixture submission of the
-course; every attack of issue 22, and each obfuscation above, is flagged.
+course, nor in the honest controls (a `str` Enum, a NamedTuple, custom exceptions, an OrderedDict,
+`numpy(force=True)`, `match`/`case`, `singledispatch`, a TorchFunctionMode); every attack of
+the earlier rounds, each spelling of the fourth (`ROUND_4`) and each
+obfuscation above is flagged.
 """
 
 from __future__ import annotations
@@ -68,7 +89,7 @@ import ast
 import builtins
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Iterable, Iterator
 
@@ -76,6 +97,7 @@ from nbformat import NotebookNode
 
 from coursetools import notebooks
 from coursetools.cellcode import bound_names, params
+from coursetools.cellcode import dotted as _dotted_name
 
 CONSTRUCTS = {
     "frame access": "reads the interpreter's frames (a running test's code and variables)",
@@ -163,6 +185,45 @@ _DEVICE_API = {"is_available", "device_count", "synchronize", "current_device", 
                "stream", "mem_get_info", "get_rng_state", "set_rng_state", "is_bf16_supported",
                "amp", "device", "is_initialized", "init", "driver_allocated_memory",
                "recommended_max_memory", "current_allocated_memory"}
+# unittest.mock's patchers: each replaces an attribute of its target until stopped
+_MOCK_PATCHERS = {"patch", "patch.object", "patch.dict", "patch.multiple"}
+# Library types whose instances the tests observe as tensors and arrays: a student subclass
+# that answers the tests' questions itself (a torch function protocol, an overridden property)
+_TENSOR_TYPES = {"torch.Tensor", "torch._tensor.Tensor", "torch._C.TensorBase", "torch._C._TensorBase",
+                 "torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer",
+                 "torch.nn.parameter.Buffer", "torch.nn.UninitializedParameter",
+                 "torch.nn.parameter.UninitializedParameter", "torch.nn.UninitializedBuffer",
+                 "torch.nn.parameter.UninitializedBuffer", "numpy.ndarray", "numpy.matrix",
+                 "numpy.memmap", "numpy.recarray", "numpy.ma.MaskedArray", "numpy.ma.core.MaskedArray"}
+_TENSOR_PROTOCOLS = {"__torch_function__", "__torch_dispatch__", "__array_function__", "__array_ufunc__",
+                     "__array__", "__array_wrap__", "__array_interface__", "__array_struct__",
+                     "__array_priority__", "__getattribute__", "__getattr__", "__eq__", "__ne__",
+                     "__bool__", "__class__", "__instancecheck__"}
+# what a test reads of a tensor or an array: a subclass that defines one answers for the base
+_TENSOR_OBSERVED = {"device", "dtype", "shape", "layout", "is_meta", "is_cuda", "is_cpu", "is_mps",
+                    "is_xpu", "is_mtia", "is_ipu", "is_xla", "is_hpu", "is_maia", "is_vulkan",
+                    "is_mkldnn", "is_sparse", "is_sparse_csr", "is_quantized", "is_nested", "is_leaf",
+                    "requires_grad", "grad", "grad_fn", "data", "ndim", "names", "itemsize", "nbytes",
+                    "T", "mT", "H", "mH", "real", "imag", "base", "_base", "flags", "strides", "size",
+                    "stride", "dim", "numel", "element_size", "data_ptr", "untyped_storage", "storage",
+                    "get_device", "type", "is_contiguous", "is_floating_point", "is_complex", "equal",
+                    "allclose", "isclose", "item", "tolist", "numpy", "cpu", "cuda", "to", "tobytes",
+                    "__len__", "__iter__", "__repr__", "__str__", "__format__", "__float__", "__int__",
+                    "__index__", "__reduce_ex__", "__deepcopy__"}
+# The grader's agent in the kernel, by the names it is registered under
+_AGENT_NAMES = ("__course_agent__", "__course")
+# Lookups of an object by its dotted name (like an import)
+_LOOKUPS = {"pydoc.locate", "pkgutil.resolve_name"}
+# Calls whose result is (one of) their first argument's items, or the argument itself
+_ITEM_CALLS = {"builtins.next", "builtins.iter", "builtins.list", "builtins.tuple", "builtins.set",
+               "builtins.frozenset", "builtins.reversed", "builtins.sorted", "builtins.min",
+               "builtins.max", "builtins.dict", "builtins.enumerate", "builtins.zip", "copy.copy",
+               "contextlib.nullcontext", "builtins.filter", "typing.cast"}
+_ITEM_METHODS = {"get", "pop", "popitem", "values", "items", "keys", "copy", "setdefault", "__getitem__",
+                 "popleft", "__next__"}
+_STORE_METHODS = {"append", "extend", "insert", "add", "update", "setdefault", "appendleft", "__setitem__"}
+_PARAM = "@param:"  # how a function's parameter is named while the function is read
+
 _DUNDER_WRITES_OK = {"__doc__", "__name__", "__wrapped__", "__signature__", "__annotations__"}
 _POSING = {"__class__", "__module__", "__qualname__", "__instancecheck__", "__subclasscheck__"}
 _NAMESPACE_CALLS = {"globals", "locals", "vars"}
@@ -173,7 +234,8 @@ _WRITE_METHODS = {"update", "setdefault", "pop", "popitem", "clear", "__setitem_
 DISTINCTIVE_NAMES = (_FRAME_ATTRS | _INTERNAL_ATTRS | _GRAPH_ATTRS | _IMPORT_ATTRS
                      | {"__import__", "get_ipython", "get_objects", "get_referrers", "get_referents",
                         "settrace", "setprofile", "addaudithook", "__main__", "ipykernel",
-                        "jupyter_client", "__getattribute__", "__setattr__", "__delattr__"})
+                        "jupyter_client", "__getattribute__", "__setattr__", "__delattr__",
+                        "__course_agent__"})
 SENSITIVE_NAMES = DISTINCTIVE_NAMES | _DYNAMIC_BUILTINS | {
     "sys", "gc", "inspect", "ctypes", "importlib", "marshal", "builtins", "modules", "IPython",
     "globals", "locals", "linecache", "__dict__", "__class__", "kernel", "session"}
@@ -268,6 +330,9 @@ class _CellInfo:
     bound: frozenset[str]  # every name it binds at top level
     classes: frozenset[str]  # every class it defines
     aliases: tuple[tuple[str, str], ...]  # (name, dotted module path) of its imports
+    loaded: frozenset[str]  # every name it reads
+    global_bound: frozenset[str]  # names it binds in the notebook's namespace, in if/for/with/try too
+    free: frozenset[str]  # names it reads and binds nowhere (not even as a parameter)
 
 
 @lru_cache(maxsize=4096)
@@ -283,14 +348,49 @@ def _cell_info(source: str) -> _CellInfo | None:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             defs.add(node.name)
         bound |= _top_bound(node)
-    loaded, classes = set(), set()
+    loaded, classes, names, anywhere = set(), set(), set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in everything:
-            loaded.add(node.id)
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+                if node.id in everything:
+                    loaded.add(node.id)
+            else:
+                anywhere.add(node.id)
         elif isinstance(node, ast.ClassDef):
             classes.add(node.name)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            anywhere |= params(node)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            anywhere.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            anywhere |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            anywhere.add(node.name)
     return _CellInfo(frozenset(loaded), frozenset(defs), frozenset(bound), frozenset(classes),
-                     tuple(aliases.items()))
+                     tuple(aliases.items()), frozenset(names), frozenset(_global_bound(tree.body)),
+                     frozenset(names - anywhere))
+
+
+def _global_bound(body: list[ast.stmt]) -> set[str]:
+    """Names statements bind in the namespace they run in, inside if/for/while/with/try too
+    (`if ...: device = torch.device("cuda") else: ...`), and names functions declare global."""
+    names: set[str] = set()
+    for stmt in body:
+        names |= _top_bound(stmt)
+        if isinstance(stmt, (ast.For, ast.AsyncFor)):
+            names |= set(bound_names(stmt.target))
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            names |= {n for item in stmt.items if item.optional_vars for n in bound_names(item.optional_vars)}
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, field, None)
+            if isinstance(inner, list) and not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names |= _global_bound(inner)
+        for handler in getattr(stmt, "handlers", []):
+            names |= _global_bound(handler.body)
+        for case in getattr(stmt, "cases", []):
+            names |= _global_bound(case.body)
+    return names
 
 
 def builtins_the_tests_use(nb: NotebookNode) -> set[str]:
@@ -305,6 +405,18 @@ def builtins_the_tests_use(nb: NotebookNode) -> set[str]:
     return names
 
 
+@dataclass
+class _Summary:
+    """What a function of the student's does with its parameters, for the calls that hand it a
+    library's module or class: `def _use(ns, f): ns.device = f` called as `_use(torch, F)`."""
+    params: list[str]  # positional parameters, in order
+    names: set[str]  # every parameter
+    bound: bool = False  # called on an instance or a class: the first parameter is not passed
+    writes: dict[str, set[str | None]] = field(default_factory=dict)  # parameter -> attributes it sets
+    returns: set[str] = field(default_factory=set)  # parameters it may return
+    returns_origin: str | None = None  # a library's module or class it may return
+
+
 class _Context:
     """What the review knows about the whole notebook: names the course's cells bind (and
     which of them are classes or functions), classes the student defines, imports."""
@@ -315,9 +427,20 @@ class _Context:
         self.student_classes: set[str] = set()
         self.aliases: dict[str, str] = {}  # name -> dotted module path, from every cell's imports
         self.test_builtins: set[str] = set()
+        # globals the course's setup and helper cells bind and its tests read (`device`)
+        self.test_globals: dict[str, str | None] = {}  # name -> the module it is bound to, if any
+        # what the student's cells define, for the other cells: functions' summaries, top-level
+        # names bound to a library's module or class, classes that are ABCs or tensor types
+        self.summaries: dict[str, _Summary] = {}
+        self.top_origins: dict[str, str] = {}
+        self.abc_classes: set[str] = set()
+        self.tensor_classes: set[str] = set()
+        self.collected: set[str] = set()  # the cells read for the above
         if nb is None:
             return
         self.test_builtins = builtins_the_tests_use(nb)
+        tests_read: set[str] = set()
+        setup_bound: set[str] = set()
         for cell in nb.cells:
             info = _cell_info(cell.source) if cell.cell_type == "code" else None
             if info is None:
@@ -326,8 +449,49 @@ class _Context:
             if is_course_cell(cell):
                 self.course_defs |= info.defs
                 self.course_names |= info.bound
+                if notebooks.is_test_cell(cell):
+                    tests_read |= info.free  # not the test's own `got`, a lambda's parameter
+                else:
+                    setup_bound |= info.global_bound
             else:
                 self.student_classes |= info.classes
+        self.test_globals = {name: self.aliases.get(name) for name in (setup_bound & tests_read) - self.course_defs}
+        students = [cell.source for _, cell in student_cells(nb)]
+        self.collected = set(students)
+        for _ in range(2):  # twice: a function may call one defined after it
+            for source in students:
+                tree = _parse(_ipython_to_python(source))
+                if tree is not None:
+                    _collect(tree, self)
+
+
+    def fork(self) -> "_Context":
+        """A copy whose collections a cell's own definitions may be added to."""
+        other = object.__new__(_Context)
+        other.__dict__.update(self.__dict__)
+        other.summaries = dict(self.summaries)
+        other.top_origins = dict(self.top_origins)
+        other.abc_classes = set(self.abc_classes)
+        other.tensor_classes = set(self.tensor_classes)
+        return other
+
+
+def _collect(tree: ast.Module, context: _Context) -> None:
+    """Read a student cell for what the other cells need of it: its functions' summaries, its
+    top-level names bound to a library's module or class, its ABCs and tensor classes."""
+    _link_parents(tree)
+    reader = _Reviewer(context, lambda *args: None, collecting=True)
+    reader.visit(tree)
+    for name, origin in reader.origins[0].items():
+        if _is_library(origin):
+            context.top_origins[name] = origin  # type: ignore[assignment]
+    for name, path in reader.scopes[0].items():
+        if path and name not in context.aliases:
+            context.top_origins[name] = path
+
+
+def _is_library(origin: str | None) -> bool:
+    return bool(origin) and not origin.startswith(_PARAM)  # type: ignore[union-attr]
 
 
 def _collect_aliases(node: ast.AST, aliases: dict[str, str]) -> None:
@@ -474,10 +638,18 @@ def _names_flagged(text: str, names: set[str]) -> bool:
 class _Reviewer(ast.NodeVisitor):
     """Walks one cell (or a string reviewed as code) and reports findings through `add`."""
 
-    def __init__(self, context: _Context, add, consts: dict[str, str] | None = None):
+    def __init__(self, context: _Context, add, consts: dict[str, str] | None = None, *, collecting: bool = False):
         self.context = context
         self.add = add  # add(line, construct, detail)
         self.scopes: list[dict[str, str | None]] = [{}]  # name -> dotted path (None: not a module's)
+        # name (or dotted name) -> the library module or class it may hold (through a container, a
+        # loop, a lookup), or the parameter it stands for ("@param:<function>:<name>")
+        self.origins: list[dict[str, str | None]] = [{}]
+        self.collecting = collecting  # only gathering the context's summaries: store them there
+        self.funcs: list[_Summary] = []  # the functions being read, innermost last
+        self.markers: dict[str, _Summary] = {}
+        self.pending_name: str | None = None  # the name a lambda is being assigned to
+        self.scoped_patches: set[int] = set()  # mock patchers of a top-level `with`: over before any test
         self.consts: dict[str, str] = dict(consts or {})
         self.functions: set[str] = set()  # names bound by def / lambda assignments
         self.namespace_names: set[str] = set()  # names bound to globals(), vars(), __dict__, ...
@@ -488,6 +660,154 @@ class _Reviewer(ast.NodeVisitor):
     # -- names and what they name
     def bind(self, name: str, path: str | None = None) -> None:
         self.scopes[-1][name] = path
+        self.origins[-1][name] = None
+
+    def set_origin(self, name: str, origin: str | None) -> None:
+        """`name` (or a dotted name) may hold `origin`, in the scope that binds it."""
+        if not origin:
+            return
+        for origins in reversed(self.origins):
+            if name in origins:
+                origins[name] = origin
+                return
+        self.origins[-1][name] = origin
+
+    def lookup_origin(self, name: str) -> str | None:
+        for scope, origins in zip(reversed(self.scopes), reversed(self.origins)):
+            if name in origins:
+                return origins[name]
+            if name in scope:
+                return None
+        return self.context.top_origins.get(name)
+
+    def origin(self, node: ast.AST | None) -> str | None:
+        """The library module or class (a dotted path) an expression may evaluate to, followed
+        through containers, loops, parameters, item lookups and name lookups; a parameter of the
+        function being read as "@param:..."; None for anything else (a call's result)."""
+        if node is None:
+            return None
+        path = self.resolve(node)
+        if path:
+            return path
+        if isinstance(node, ast.Name):
+            return self.lookup_origin(node.id)
+        if isinstance(node, ast.Attribute):
+            name = _dotted_name(node)
+            if name and self.lookup_origin(name):
+                return self.lookup_origin(name)
+            base = self.origin(node.value)
+            if not base or base.startswith(_PARAM):
+                return base
+            if node.attr == "__self__":  # a function's module or class
+                return base.rsplit(".", 1)[0] if "." in base else base
+            return f"{base}.{node.attr}"
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return next((o for o in map(self.origin, node.elts) if o), None)
+        if isinstance(node, ast.Dict):
+            return next((o for o in map(self.origin, node.values + [k for k in node.keys if k]) if o), None)
+        if isinstance(node, ast.Starred):
+            return self.origin(node.value)
+        if isinstance(node, ast.Subscript):
+            key = _fold(node.slice, self.consts)
+            value = node.value
+            if key and self.is_namespace(value):  # globals()["torch"], vars(torch)["Tensor"]
+                if isinstance(value, ast.Call) and value.args:
+                    base = self.origin(value.args[0])
+                    return f"{base}.{key}" if _is_library(base) else None
+                if isinstance(value, ast.Attribute) and value.attr == "__dict__":
+                    base = self.origin(value.value)
+                    return f"{base}.{key}" if _is_library(base) else None
+                return self.lookup(key)[1] or self.lookup_origin(key)
+            return self.origin(value)
+        if isinstance(node, ast.IfExp):
+            return self.origin(node.body) or self.origin(node.orelse)
+        if isinstance(node, ast.BoolOp):
+            return next((o for o in map(self.origin, node.values) if o), None)
+        if isinstance(node, ast.NamedExpr):
+            return self.origin(node.value)
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return self.origin(node.elt) or next((o for o in (self.origin(g.iter) for g in node.generators) if o), None)
+        if isinstance(node, ast.DictComp):
+            return self.origin(node.value) or self.origin(node.key)
+        if isinstance(node, ast.Call):
+            return self.call_origin(node)
+        return None
+
+    def call_origin(self, node: ast.Call) -> str | None:
+        func = node.func
+        func_path = self.resolve(func) or ""
+        if func_path in _LOOKUPS:
+            return "a library object" if node.args and _fold(node.args[0], self.consts) is None else None
+        if func_path == "builtins.getattr" and len(node.args) >= 2:  # a computed name on an alias
+            base = self.origin(node.args[0])
+            name = _fold(node.args[1], self.consts)
+            if base and base.startswith(_PARAM):
+                return base
+            return (f"{base}.{name}" if name else base) if base else None
+        if func_path in _ITEM_CALLS or func_path == "functools.reduce":
+            return next((o for o in map(self.origin, node.args) if o), None)
+        if isinstance(func, ast.Attribute) and func.attr in _ITEM_METHODS and not _is_library(self.resolve(func.value)):
+            return self.origin(func.value)
+        if isinstance(func, ast.Call) and self.resolve(func.func) in ("operator.itemgetter", "operator.attrgetter"):
+            return next((o for o in map(self.origin, node.args) if o), None)
+        called = self.called(node)
+        if called:
+            summary, args = called
+            if summary.returns_origin:
+                return summary.returns_origin
+            for param, arg in args:
+                if param in summary.returns and self.origin(arg):
+                    return self.origin(arg)
+        return None
+
+    def called(self, node: ast.Call) -> tuple[_Summary, list[tuple[str, ast.AST]]] | None:
+        """The student's function a call runs, and which argument each parameter gets."""
+        func, args = node.func, list(node.args)
+        if self.resolve(func) == "functools.partial" and args:
+            func, args = args[0], args[1:]
+        summary = None
+        offset = 0
+        if isinstance(func, ast.Name) and not self.resolve(func):
+            summary = self.context.summaries.get(func.id)
+            offset = 1 if summary and summary.bound else 0
+        elif isinstance(func, ast.Attribute) and not self.resolve(func):
+            summary = self.context.summaries.get("." + func.attr)
+            offset = 1
+        if summary is None:
+            return None
+        mapped: list[tuple[str, ast.AST]] = []
+        positional = summary.params[offset:]
+        for index, arg in enumerate(args):
+            if isinstance(arg, ast.Starred):
+                mapped += [(p, arg) for p in positional[index:]]
+                break
+            if index < len(positional):
+                mapped.append((positional[index], arg))
+        for keyword in node.keywords:
+            if keyword.arg in summary.names:
+                mapped.append((keyword.arg, keyword.value))
+        return summary, mapped
+
+    def record_write(self, marker: str, attr: str | None) -> None:
+        """An attribute set on a parameter of a function being read."""
+        ident, _, name = marker[len(_PARAM):].partition(":")
+        summary = self.markers.get(ident)
+        if summary is not None:
+            summary.writes.setdefault(name, set()).add(attr)
+
+    def check_writes_through(self, origin: str | None, attrs: Iterable[str | None], line: int, how: str) -> None:
+        """Attributes set on what `origin` names: flagged when it is a library's module or class,
+        remembered when it is a parameter (the calls decide)."""
+        if not origin:
+            return
+        for attr in attrs:
+            if origin.startswith(_PARAM):
+                self.record_write(origin, attr)
+                continue
+            target = f"{origin}.{attr}" if attr else origin
+            if attr and _TORCH_SWITCHES.match(target):
+                continue
+            self.add(line, "patching", f"{how} {target} (a library's module or class, reached through an alias)")
 
     def lookup(self, name: str) -> tuple[bool, str | None]:
         """(bound in the notebook?, the dotted path it stands for)."""
@@ -522,6 +842,8 @@ class _Reviewer(ast.NodeVisitor):
                         (k.value for k in node.keywords if k.arg == "fromlist"), None)
                     return name if fromlist is not None else name.split(".")[0]
                 return name
+            if func in _LOOKUPS and node.args:  # pydoc.locate("torch.Tensor")
+                return _fold(node.args[0], self.consts)
             if func == "builtins.getattr" and len(node.args) >= 2:
                 base, name = self.resolve(node.args[0]), _fold(node.args[1], self.consts)
                 return f"{base}.{name}" if base and name else None
@@ -561,6 +883,8 @@ class _Reviewer(ast.NodeVisitor):
             self.add(line, "kernel machinery", path)
         if last == "get_ipython":
             self.add(line, "kernel machinery", "get_ipython")
+        if any(part.startswith(_AGENT_NAMES) for part in parts):
+            self.add(line, "kernel machinery", f"{path} (the grader's agent)")
         if under(_HOOK_PATHS):
             self.add(line, "interpreter hooks", path)
         if write and under(_STREAMS):
@@ -615,18 +939,29 @@ class _Reviewer(ast.NodeVisitor):
             if not known_here:
                 self.add(line, "patching", f"{how} {base.id}.{attr} ({base.id} is the course's)")
             return
+        origin = self.origin(base)
+        if origin:
+            self.check_writes_through(origin, [attr], line, how)
+            return
+        if isinstance(base, ast.Name) and base.id in self.context.tensor_classes and (
+                attr in _TENSOR_OBSERVED or attr in _TENSOR_PROTOCOLS):
+            self.add(line, "patching", f"{how} {base.id}.{attr} ({base.id} is a tensor or array type of the student's)")
+            return
         if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "type":
             self.add(line, "patching", f"{how} type(...).{attr} (the class of an object)")
         elif isinstance(base, ast.Attribute) and base.attr in ("__class__", "__dict__"):
             self.add(line, "patching", f"{how} {base.attr}.{attr}")
 
-    def check_shadowing(self, name: str, line: int) -> None:
-        """A top-level name of the student's that replaces, for the tests, a builtin they call
-        or a helper the course's cells define."""
+    def check_shadowing(self, name: str, line: int, same_as: str | None = None) -> None:
+        """A top-level name of the student's that replaces, for the tests, a builtin they call,
+        a helper the course's cells define or a global of the notebook they read (`device`).
+        An import of the module the course's cells bound to that name (`import torch`) is not one."""
         if name in self.context.test_builtins and name not in self.context.course_names:
             self.add(line, "patching", f"redefines {name!r}, a builtin the tests call")
         elif name in self.context.course_defs:
             self.add(line, "patching", f"redefines {name!r}, a helper of the course's cells")
+        elif name in self.context.test_globals and not (same_as and same_as == self.context.test_globals[name]):
+            self.add(line, "patching", f"rebinds {name!r}, a global of the notebook that its tests read")
 
     def is_namespace(self, node: ast.AST) -> bool:
         """globals(), locals(), vars() (no argument, or of a module or the course's class),
@@ -670,8 +1005,11 @@ class _Reviewer(ast.NodeVisitor):
     # -- visitors: imports
     def visit_Import(self, node: ast.Import) -> None:
         for a in node.names:
-            self.bind((a.asname or a.name).split(".")[0], a.name if a.asname else a.name.split(".")[0])
+            name, path = (a.asname or a.name).split(".")[0], a.name if a.asname else a.name.split(".")[0]
+            self.bind(name, path)
             self.check_import(a.name, node.lineno)
+            if self.depth == 0 and self.class_depth == 0:
+                self.check_shadowing(name, node.lineno, same_as=path)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level:
@@ -686,7 +1024,7 @@ class _Reviewer(ast.NodeVisitor):
             self.check_path(f"{module}.{a.name}", node.lineno)
             self.check_attr(a.name, node.lineno)
             if self.depth == 0 and self.class_depth == 0:
-                self.check_shadowing(a.asname or a.name, node.lineno)
+                self.check_shadowing(a.asname or a.name, node.lineno, same_as=f"{module}.{a.name}")
 
     def check_import(self, module: str, line: int) -> None:
         self.check_path(module, line)
@@ -700,7 +1038,7 @@ class _Reviewer(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if not isinstance(node.ctx, ast.Load):
             self.bind(node.id, None)
-            if isinstance(node.ctx, ast.Store) and self.depth == 0 and self.class_depth == 0:
+            if self.depth == 0 and self.class_depth == 0 and not _in_comprehension(node):
                 self.check_shadowing(node.id, node.lineno)
             return
         known, path = self.lookup(node.id)
@@ -740,6 +1078,8 @@ class _Reviewer(ast.NodeVisitor):
             return
         if _PROC_MEM.search(value):
             self.add(node.lineno, "native code", "a /proc/<pid>/mem path")
+        if any(name in value for name in _AGENT_NAMES):
+            self.add(node.lineno, "kernel machinery", "the name of the grader's agent")
         if getattr(node, "_attr_name", False):
             return  # the name in getattr(x, "name"): judged as the attribute it names
         if _names_flagged(value, DISTINCTIVE_NAMES) or ("." in value and self.path_flagged(value.strip())):
@@ -779,12 +1119,17 @@ class _Reviewer(ast.NodeVisitor):
 
     # -- visitors: assignments
     def visit_Assign(self, node: ast.Assign) -> None:
+        if isinstance(node.value, ast.Lambda) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            self.pending_name = node.targets[0].id
         self.visit(node.value)
+        self.pending_name = None
         path = self.resolve(node.value)
         text = _fold(node.value, self.consts)
+        origin = path or self.origin(node.value)
         for target in node.targets:
             self.check_namespace_write(target, node.lineno)
             self.visit(target)
+            self.bind_origin(target, node.value, origin)
             if isinstance(target, ast.Name):
                 if path:
                     self.bind(target.id, path)
@@ -796,6 +1141,61 @@ class _Reviewer(ast.NodeVisitor):
                     self.functions.add(target.id)
                 if self.class_depth and self.depth == 0 and target.id in _POSING:
                     self.add(node.lineno, "patching", f"a class that poses as another type ({target.id})")
+
+    def bind_origin(self, target: ast.AST, value: ast.AST | None, origin: str | None) -> None:
+        """What a target may hold after `target = value` (or a loop over value)."""
+        if isinstance(target, (ast.Tuple, ast.List)):
+            if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) and not any(
+                    isinstance(e, ast.Starred) for e in target.elts + value.elts):
+                for t, v in zip(target.elts, value.elts):
+                    self.bind_origin(t, v, self.origin(v))
+            else:
+                for t in target.elts:
+                    self.bind_origin(t, None, origin)
+            return
+        if isinstance(target, ast.Starred):
+            self.bind_origin(target.value, None, origin)
+            return
+        if not origin:
+            return
+        if isinstance(target, ast.Name):
+            self.set_origin(target.id, origin)
+        elif isinstance(target, ast.Attribute) and _dotted_name(target) and not self.resolve(target.value):
+            self.set_origin(_dotted_name(target), origin)  # holder.mod = torch
+        elif isinstance(target, ast.Subscript) and _dotted_name(target.value) and not self.resolve(target.value):
+            self.set_origin(_dotted_name(target.value), origin)  # box[0] = torch
+
+    def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
+        self.visit(node.iter)
+        origin = self.origin(node.iter)
+        self.visit(node.target)
+        self.bind_origin(node.target, None, origin)
+        for stmt in node.body + node.orelse:
+            self.visit(stmt)
+
+    visit_AsyncFor = visit_For
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        self.visit(node.iter)
+        origin = self.origin(node.iter)
+        self.visit(node.target)
+        self.bind_origin(node.target, None, origin)
+        for cond in node.ifs:
+            self.visit(cond)
+
+    def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
+        if self.depth == 0 and self.class_depth == 0:
+            # A patch in a top-level `with` is undone when the block ends, before any test runs.
+            self.scoped_patches |= {id(item.context_expr) for item in node.items}
+        for item in node.items:
+            self.visit(item.context_expr)
+            if item.optional_vars is not None:
+                self.visit(item.optional_vars)
+                self.bind_origin(item.optional_vars, None, self.origin(item.context_expr))
+        for stmt in node.body:
+            self.visit(stmt)
+
+    visit_AsyncWith = visit_With
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.check_namespace_write(node.target, node.lineno)
@@ -815,6 +1215,8 @@ class _Reviewer(ast.NodeVisitor):
         path = self.resolve(node.value)
         if path:
             self.bind(node.target.id, path)
+        else:
+            self.set_origin(node.target.id, self.origin(node.value))
 
     def visit_Global(self, node: ast.Global) -> None:
         for name in node.names:
@@ -863,7 +1265,115 @@ class _Reviewer(ast.NodeVisitor):
                 self.add(line, "patching", f"writes to a namespace (.{method})")
             if method in _SYS_PATH_WRITES and self.resolve(owner) == "sys.path":
                 self.add(line, "import machinery", f"sys.path.{method}")
+            if method in _STORE_METHODS:  # a library's module or class put in a container
+                stored = next((o for o in map(self.origin, node.args + [k.value for k in node.keywords]) if o), None)
+                name = _dotted_name(owner)
+                if stored and name and not self.resolve(owner):
+                    self.set_origin(name, stored)
+            if method == "register":
+                self.check_register(node, owner)
+        if func_path in _LOOKUPS and node.args:
+            name = _fold(node.args[0], self.consts)
+            if name is None:
+                self.add(line, "obfuscation", f"{func_path} of a computed name")
+            else:
+                self.check_path(name, line)
+        patcher = self.patcher(func_path)
+        if patcher and id(node) not in self.scoped_patches:
+            self.check_patch(node, patcher)
+        if func_path in ("builtins.type", "types.new_class") and len(node.args) >= 2:
+            self.check_built_class(node)
+        called = self.called(node)
+        if called:
+            summary, args = called
+            func = node.args[0] if func_path == "functools.partial" and node.args else node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "a function")
+            for param, arg in args:
+                attrs = summary.writes.get(param)
+                if attrs:
+                    self.check_writes_through(self.origin(arg), sorted(attrs, key=str), line,
+                                              f"{name}() is handed it and sets")
         self.generic_visit(node)
+
+    @staticmethod
+    def patcher(func_path: str) -> str | None:
+        """'patch.object' for unittest.mock.patch.object (or the `mock` package's)."""
+        for prefix in ("unittest.mock.", "mock."):
+            if func_path.startswith(prefix) and func_path[len(prefix):] in _MOCK_PATCHERS:
+                return func_path[len(prefix):]
+        return None
+
+    def check_patch(self, node: ast.Call, patcher: str) -> None:
+        """unittest.mock replacing an attribute of what the student did not define, for longer
+        than a top-level `with` block (started, a decorator, inside a function a test calls)."""
+        line = node.lineno
+        target = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg in ("target", "in_dict")), None)
+        if target is None:
+            return
+        text = _fold(target, self.consts)
+        if isinstance(target, (ast.Constant, ast.JoinedStr, ast.BinOp)) or text is not None:
+            if text is None:
+                self.add(line, "patching", f"mock.{patcher} of a computed target")
+            elif text != "os.environ":
+                self.add(line, "patching", f"mock.{patcher}({text!r}) replaces a library's attribute")
+            return
+        attr = _fold(node.args[1], self.consts) if patcher == "patch.object" and len(node.args) > 1 else None
+        if patcher == "patch.multiple":
+            attrs = [k.arg for k in node.keywords if k.arg] or [None]
+        else:
+            attrs = [attr]
+        origin = self.origin(target)
+        if origin == "os.environ":
+            return
+        if origin:
+            self.check_writes_through(origin, attrs, line, f"mock.{patcher} replaces")
+        elif patcher == "patch.dict" and self.is_namespace(target):
+            self.add(line, "patching", "mock.patch.dict of a namespace")
+        elif isinstance(target, ast.Name) and target.id in self.context.course_defs:
+            self.add(line, "patching", f"mock.{patcher} replaces an attribute of {target.id} (the course's)")
+        elif isinstance(target, ast.Name) and target.id in self.context.tensor_classes:
+            self.add(line, "patching", f"mock.{patcher} replaces an attribute of {target.id} (a tensor type)")
+        elif isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "type":
+            self.add(line, "patching", f"mock.{patcher} replaces an attribute of type(...) (the class of an object)")
+
+    def check_register(self, node: ast.Call, owner: ast.AST) -> None:
+        """`Sequence.register(X)` (a library's ABC told X is one), `ABCMeta.register`, and a
+        student's ABC told a library's class is one of it."""
+        origin = self.origin(owner)
+        if origin == "abc.ABCMeta" or origin == "abc.ABC" or (
+                _is_library(origin) and not self.is_module_path(origin) and not origin.startswith("builtins.")):
+            self.add(node.lineno, "patching", f"{origin}.register (a library's class told another class is one of it)")
+        elif isinstance(owner, ast.Name) and owner.id in self.context.abc_classes:
+            registered = next((o for o in map(self.origin, node.args) if _is_library(o)), None)
+            if registered:
+                self.add(node.lineno, "patching", f"{owner.id}.register({registered}) (a library's class made one of the student's ABC)")
+
+    def tensor_base(self, bases: Iterable[ast.AST]) -> str | None:
+        for base in bases:
+            origin = self.origin(base)
+            if origin in _TENSOR_TYPES:
+                return origin
+            if isinstance(base, ast.Name) and base.id in self.context.tensor_classes:
+                return base.id
+        return None
+
+    def check_built_class(self, node: ast.Call) -> None:
+        """type(name, bases, namespace) / types.new_class with a tensor or array base."""
+        bases = node.args[1]
+        base = self.tensor_base(bases.elts if isinstance(bases, (ast.Tuple, ast.List)) else [bases])
+        if not base:
+            return
+        namespace = node.args[2] if len(node.args) > 2 else None
+        if isinstance(namespace, ast.Dict) and node.func and self.resolve(node.func) == "builtins.type":
+            names = [_fold(k, self.consts) for k in namespace.keys if k is not None]
+            found = [n for n in names if n in _TENSOR_PROTOCOLS or n in _TENSOR_OBSERVED]
+            if not found and all(n is not None for n in names) and all(k is not None for k in namespace.keys):
+                return
+            what = ", ".join(n for n in found if n) or "a computed namespace"
+        else:
+            what = "a computed namespace"
+        self.add(node.lineno, "patching", f"a subclass of {base} that answers for it ({what})")
 
     def own_setattr(self, node: ast.Call) -> bool:
         """`object.__setattr__(self, "field", value)` in a method of the student's own class, on
@@ -911,6 +1421,8 @@ class _Reviewer(ast.NodeVisitor):
             self.add(line, "obfuscation", f"{kind}({base_path}, <computed name>)")
         elif isinstance(base, ast.Call) and self.resolve(base.func) == "builtins.getattr":
             self.add(line, "obfuscation", f"{kind} of a computed name on what getattr returned")
+        elif writes and not base_path and self.origin(base):
+            self.check_writes_through(self.origin(base), [None], line, f"{kind} on")
         elif writes:
             if base_path and base_path.startswith("builtins."):
                 self.add(line, "patching", f"{kind} on {base_path[len('builtins.'):]} (a builtin)")
@@ -937,42 +1449,138 @@ class _Reviewer(ast.NodeVisitor):
             self.visit(expr)
         self.bind(node.name, None)
         self.functions.add(node.name)
-        self.scopes.append({p: None for p in params(node)})
         # A method's own instance (its first parameter), for object.__setattr__(self, ...) below.
         first = node.args.posonlyargs + node.args.args
         self.selves.append(first[0].arg if self.class_depth and first else None)
+        method = bool(self.class_depth and self.depth == 0)
+        self.enter_function(node, node.name, method=method)
         outer = self.depth, self.class_depth
         self.depth, self.class_depth = self.depth + 1, 0
         for stmt in node.body:
             self.visit(stmt)
         self.depth, self.class_depth = outer
+        self.leave_function()
         self.selves.pop()
+
+    def enter_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda, name: str | None,
+                       *, method: bool = False) -> None:
+        """A scope for the function's parameters, each standing for itself ("@param:..."), or
+        for a library's module or class its default names; its summary, for its calls."""
+        args = node.args
+        positional = [a.arg for a in args.posonlyargs + args.args]
+        summary = _Summary(positional, params(node), bound=method)
+        ident = str(id(summary))
+        self.markers[ident] = summary
+        self.funcs.append(summary)
+        self.scopes.append({p: None for p in params(node)})
+        origins: dict[str, str | None] = {p: f"{_PARAM}{ident}:{p}" for p in params(node)}
+        defaults = list(zip(reversed(positional), reversed(args.defaults))) + [
+            (a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        for param, default in defaults:
+            origin = self.origin(default)
+            if _is_library(origin):
+                origins[param] = origin
+        self.origins.append(origins)
+        if name and self.collecting:
+            decorated = getattr(node, "decorator_list", [])
+            static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in decorated)
+            if static:
+                summary.bound = False
+            if method:
+                self.context.summaries["." + name] = summary
+                cls = getattr(node, "_class_name", None)
+                if name == "__init__" and cls:
+                    self.context.summaries[cls] = summary
+            else:
+                self.context.summaries[name] = summary
+
+    def leave_function(self) -> None:
+        self.funcs.pop()
         self.scopes.pop()
+        self.origins.pop()
+
+    def visit_Return(self, node: ast.Return) -> None:
+        self.generic_visit(node)
+        self.note_return(node.value)
+
+    def note_return(self, value: ast.AST | None) -> None:
+        if not self.funcs or value is None:
+            return
+        origin = self.origin(value)
+        summary = self.funcs[-1]
+        if origin and origin.startswith(_PARAM):
+            ident, _, name = origin[len(_PARAM):].partition(":")
+            if self.markers.get(ident) is summary:
+                summary.returns.add(name)
+        elif origin:
+            summary.returns_origin = origin
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
         for expr in node.args.defaults + [d for d in node.args.kw_defaults if d]:
             self.visit(expr)
-        self.scopes.append({p: None for p in params(node)})
+        name, self.pending_name = self.pending_name, None
+        self.enter_function(node, name)
         self.depth += 1
         self.visit(node.body)
+        self.note_return(node.body)
         self.depth -= 1
-        self.scopes.pop()
+        self.leave_function()
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         if self.depth == 0 and self.class_depth == 0:
             self.check_shadowing(node.name, node.lineno)
         for expr in node.bases + [k.value for k in node.keywords] + node.decorator_list:
             self.visit(expr)
+        for decorator in node.decorator_list:  # @Sequence.register
+            if isinstance(decorator, ast.Attribute) and decorator.attr == "register":
+                self.check_register(ast.Call(func=decorator, args=[], keywords=[], lineno=node.lineno), decorator.value)
+        bases = [self.origin(b) for b in node.bases]
+        metaclass = next((self.origin(k.value) for k in node.keywords if k.arg == "metaclass"), None)
+        if "abc.ABC" in bases or metaclass == "abc.ABCMeta" or any(
+                isinstance(b, ast.Name) and b.id in self.context.abc_classes for b in node.bases):
+            self.context.abc_classes.add(node.name)
+        tensor_base = self.tensor_base(node.bases)
+        if tensor_base:
+            self.context.tensor_classes.add(node.name)
+            answers = [n for stmt in node.body for n in _class_body_names(stmt)
+                       if n in _TENSOR_PROTOCOLS or n in _TENSOR_OBSERVED]
+            if answers:
+                self.add(node.lineno, "patching",
+                         f"a subclass of {tensor_base} that answers for it ({', '.join(dict.fromkeys(answers))})")
         self.bind(node.name, None)
         self.scopes.append({})
+        self.origins.append({})
         outer = self.depth, self.class_depth
         self.depth, self.class_depth = 0, self.class_depth + 1
         for stmt in node.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                stmt._class_name = node.name  # type: ignore[attr-defined]
             self.visit(stmt)
         self.depth, self.class_depth = outer
         self.scopes.pop()
+        self.origins.pop()
+
+
+def _class_body_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, ast.Assign):
+        return [n for t in stmt.targets for n in bound_names(t)]
+    if isinstance(stmt, ast.AnnAssign):
+        return bound_names(stmt.target)
+    return []
+
+
+def _in_comprehension(node: ast.AST) -> bool:
+    """Whether a name is bound by a comprehension (its own scope)."""
+    parent = getattr(node, "_parent", None)
+    while parent is not None and not isinstance(parent, ast.stmt):
+        if isinstance(parent, ast.comprehension):
+            return True
+        parent = getattr(parent, "_parent", None)
+    return False
 
 
 def _link_parents(tree: ast.AST) -> None:
@@ -988,8 +1596,8 @@ def _link_parents(tree: ast.AST) -> None:
             parent.func._called = True  # type: ignore[attr-defined]
 
 
-def _review_tree(tree: ast.Module, context: _Context, consts: dict[str, str] | None = None
-                 ) -> list[tuple[int, str, str]]:
+def _review_tree(tree: ast.Module, context: _Context, consts: dict[str, str] | None = None,
+                 collected: bool = False) -> list[tuple[int, str, str]]:
     details: dict[tuple[int, str], list[str]] = {}
 
     def add(line: int, construct: str, detail: str) -> None:
@@ -1001,6 +1609,10 @@ def _review_tree(tree: ast.Module, context: _Context, consts: dict[str, str] | N
         seen.append(detail)
 
     _link_parents(tree)
+    if not collected:  # the cell's own functions and aliases, also for calls before their definitions
+        context = context.fork()
+        for _ in range(2):
+            _Reviewer(context, lambda *args: None, consts, collecting=True).visit(tree)
     _Reviewer(context, add, consts).visit(tree)
     return [(line, construct, ", ".join(found)) for (line, construct), found in details.items()]
 
@@ -1045,7 +1657,7 @@ def review_source(source: str, context: _Context | None = None) -> list[tuple[in
             if inner is not None:
                 found += [(call.lineno, construct, f"{detail} (in %{name})")
                           for _, construct, detail in _review_tree(inner, context)]
-    for line, construct, detail in _review_tree(tree, context):
+    for line, construct, detail in _review_tree(tree, context, collected=source in context.collected):
         if line in generated and detail == "get_ipython":
             continue  # IPython's own translation of the magic, judged by its name above
         if 0 < line <= len(lines) and lines[line - 1].lstrip().startswith("!") and detail == "get_ipython":

@@ -74,6 +74,37 @@ HONEST = {
     "subprocess": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(1)'], check=True)",
     "__import__ of a named module": "socket = __import__('socket')",
     "a /proc file": "print(open('/proc/meminfo').readline())",
+    # honest controls of the earlier rounds, and code that looks like the round-4 attacks
+    "a str Enum with __str__": (
+        "from enum import Enum\nclass Kind(str, Enum):\n    CPU = 'cpu'\n    def __str__(self):\n        return self.value"),
+    "a NamedTuple with __str__": (
+        "from typing import NamedTuple\nclass P(NamedTuple):\n    a: int\n    def __str__(self):\n        return 'p'"),
+    "custom exception classes": "class DeviceError(RuntimeError):\n    pass\nclass Mixed(DeviceError, ValueError):\n    pass",
+    "an OrderedDict in reverse order": (
+        "from collections import OrderedDict\nd = OrderedDict(reversed([('a', torch.ones(1))]))\nd.move_to_end('a')"),
+    "numpy(force=True)": "def to_numpy(t):\n    return t.detach().numpy(force=True)",
+    "match/case": ("def pick(d):\n    match d:\n        case 'cuda':\n            return torch.device('cuda')\n"
+                   "        case _:\n            return torch.device('cpu')"),
+    "singledispatch registering library classes": (
+        "import functools\n@functools.singledispatch\ndef mv(x, d):\n    return x\n@mv.register(torch.Tensor)\n"
+        "def _(x, d):\n    return x.to(d)\nmv.register(list, lambda x, d: [mv(i, d) for i in x])"),
+    "a TorchFunctionMode of the learner's": (
+        "from torch.overrides import TorchFunctionMode\nclass M(TorchFunctionMode):\n"
+        "    def __torch_function__(self, func, types, args=(), kwargs=None):\n        return func(*args, **(kwargs or {}))"),
+    "torch and nn imported again": "import torch\nimport torch.nn as nn\nfrom torch import nn",
+    "dtypes in a loop": "for dt in [torch.float16, torch.bfloat16]:\n    x = torch.ones(2, dtype=dt)",
+    "attributes set on a parameter that gets the student's model": (
+        "def setup(model, d):\n    model.device = d\n    return model\nm = setup(nn.Linear(2, 2), 'cpu')"),
+    "a cudnn switch set through a parameter": "def tune(b):\n    b.benchmark = True\ntune(torch.backends.cudnn)",
+    "a module of the student's given a device": (
+        "class Net(nn.Module):\n    def __init__(self, d):\n        super().__init__()\n        self.d = d\n"
+        "net = Net(torch.device('cpu'))"),
+    "mock.patch.dict of os.environ as a decorator": (
+        "import os\n@mock.patch.dict(os.environ, {'X': '1'})\ndef f():\n    pass"),
+    "mock.patch.object of the student's own object": (
+        "class Loader:\n    def load(self):\n        return 1\nloader = Loader()\n"
+        "def check():\n    with mock.patch.object(loader, 'load', return_value=2):\n        return loader.load()"),
+    "a name bound in a comprehension": "names = [str(device) for device in [torch.device('cpu')]]",
     # the standard way a frozen dataclass sets its own field
     "frozen dataclass field in __post_init__": (
         "from dataclasses import dataclass\n@dataclass(frozen=True)\nclass Batch:\n    x: object\n    n: int = 0\n"
@@ -228,6 +259,103 @@ def test_a_student_cell_claiming_to_be_locked_is_still_reviewed():
     nb = v4.new_notebook(cells=[cell])
     assert [f.construct for f in review.review_notebook(nb)] == ["frame access"]
     assert not review.is_course_cell(cell)
+
+
+# -- round 4: flagged by what the code does, however it is spelt --------------------------------
+# Each was unflagged before (checked against the review without these rules).
+ROUND_4 = {
+    # unittest.mock replacing what the student did not define, for longer than a top-level `with`
+    "mock.patch.object(torch.Tensor, 'is_meta', ...).start()": (
+        "mock.patch.object(torch.Tensor, 'is_meta', property(lambda self: True)).start()"),
+    "mock.patch('torch.device', ...).start()": "class D:\n    pass\nmock.patch('torch.device', D).start()",
+    "mock.patch as a decorator of an answer": (
+        "@mock.patch.object(torch.Tensor, 'is_meta', True)\ndef build_on(factory):\n    return factory()"),
+    "mock.patch as a context manager inside an answer": (
+        "def build_on(factory):\n    with mock.patch('torch.device', object):\n        return factory()"),
+    "mock.patch entered on an ExitStack": (
+        "import contextlib\n_stack = contextlib.ExitStack()\n"
+        "_stack.enter_context(mock.patch.object(torch.Tensor, 'is_meta', True))"),
+    "mock.patch of a course helper": "mock.patch.object(fake_hardware, '__call__', print).start()",
+    "mock.patch of the tensor type through a list": (
+        "_T = [torch.Tensor][0]\nmock.patch.object(_T, 'is_meta', True).start()"),
+    # aliases through containers, parameters, loops and lookups
+    "an attribute set through [torch.Tensor][0]": "_T = [torch.Tensor][0]\n_T.is_meta = property(lambda s: True)",
+    "setattr through a dict": "_d = {'t': torch.Tensor}\nsetattr(_d['t'], 'is_meta', property(lambda s: True))",
+    "an attribute set in a loop over modules": "for _m in (torch,):\n    _m.device = object",
+    "torch.device replaced through a parameter": (
+        "class _Dev:\n    pass\ndef _use(ns, f):\n    ns.device = f\n_use(torch, _Dev)"),
+    "through a keyword argument and setattr": "def _use(ns, f):\n    setattr(ns, 'device', f)\n_use(f=1, ns=torch)",
+    "through a function that hands its parameter on": (
+        "def _inner(x):\n    x.device = 1\ndef _use(ns):\n    _inner(ns)\n_use(torch)"),
+    "through a lambda": "_use = lambda ns, f: setattr(ns, 'device', f)\n_use(torch, 1)",
+    "through a function defined after its caller": "def go():\n    _use(torch, 1)\ndef _use(ns, f):\n    ns.device = f",
+    "through a method": "class H:\n    def set(self, ns):\n        ns.device = 1\nH().set(torch)",
+    "through __init__": "class H:\n    def __init__(self, ns):\n        ns.device = 1\nH(torch)",
+    "through functools.partial": "import functools\ndef _use(ns, f):\n    ns.device = f\nfunctools.partial(_use, torch)(1)",
+    "through an identity function": "_id = lambda x: x\n_id(torch).device = 1",
+    "through an object's attribute": "class H:\n    pass\nh = H()\nh.m = torch\nh.m.device = 1",
+    "through list.append": "_l = []\n_l.append(torch.Tensor)\n_l[0].is_meta = 1",
+    "through globals()['torch']": "globals()['torch'].device = 1",
+    "through pydoc.locate": "import pydoc\n_T = pydoc.locate('torch.Tensor')\n_T.is_meta = 1",
+    "through importlib.import_module": "import importlib\n_t = importlib.import_module('torch')\n_t.device = 1",
+    "through __self__": "_mod = torch.zeros.__self__\n_mod.zeros = print",
+    "through getattr(torch, 'Ten' + 'sor')": "_T = getattr(torch, 'Ten' + 'sor')\n_T.is_meta = 1",
+    "the agent through pydoc.locate": "import pydoc\n_a = pydoc.locate('__course_agent__')\n_a.serve = print",
+    "the agent's name": "_name = '__course_agent__'",
+    # ABC.register
+    "a library ABC told a class is one of it": "import collections.abc\ncollections.abc.Sequence.register(torch.Size)",
+    "a library class registered with the student's ABC": (
+        "from abc import ABC\nclass D(ABC):\n    pass\nD.register(torch.device)"),
+    # subclasses of library tensor types that answer for them
+    "a torch.Tensor subclass with __torch_function__": (
+        "class Fake(torch.Tensor):\n    @classmethod\n    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        return True"),
+    "an nn.Parameter subclass with an is_meta property": (
+        "class P(nn.Parameter):\n    @property\n    def is_meta(self):\n        return True"),
+    "an np.ndarray subclass with __array_function__": (
+        "class Z(np.ndarray):\n    def __array_function__(self, func, types, args, kwargs):\n        return True"),
+    "a tensor subclass built with type()": "Fake = type('Fake', (torch.Tensor,), {'is_meta': property(lambda s: True)})",
+    "a property set on the student's tensor subclass": "class Fake(torch.Tensor):\n    pass\nFake.is_meta = True",
+}
+
+
+@pytest.mark.parametrize("label", list(ROUND_4))
+def test_round_4_attacks_are_flagged(label):
+    found = _review(ROUND_4[label])
+    assert {c for _, c, _ in found} & {"patching", "kernel machinery"}, f"{label}: not flagged: {found}"
+
+
+def test_a_top_level_with_block_of_mock_patch_is_not_flagged():
+    """A patch in a top-level `with` is undone before any test runs: trying one's answer under a
+    pretend GPU is honest. The same patch kept (started, a decorator, inside a function) is flagged."""
+    scoped = "with mock.patch('torch.cuda.is_available', return_value=True):\n    print(torch.cuda.is_available())"
+    assert not _review(scoped)
+    kept = "mock.patch('torch.cuda.is_available', return_value=True).start()"
+    assert [c for _, c, _ in _review(kept)] == ["patching"]
+
+
+def test_an_answer_that_rebinds_the_notebooks_device_is_flagged():
+    """Test cells of 02 read the notebook's `device` (a GPU-only branch depends on it)."""
+    nb = notebooks.read(layout.source_notebook("02_to_semantics"))
+    assert "device" in review._Context(nb).test_globals
+    answer = next(c for c in nb.cells if notebooks.is_solution(c) and c.cell_type == "code")
+    answer.source += "\nimport torch\nfrom torch import nn\n"
+    assert not review.review_notebook(nb)
+    for rebinding in ("device = torch.device('cpu')", "for device in ['cpu']:\n    pass",
+                      "def _f():\n    global device\n    device = 1"):
+        answer.source += "\n" + rebinding + "\n"
+        found = review.review_notebook(nb)
+        assert any("'device'" in f.detail and f.construct == "patching" for f in found), (rebinding, found)
+        answer.source = answer.source[: -len(rebinding) - 2]
+    assert not review.review_notebook(nb)
+
+
+def test_an_alias_made_in_one_cell_and_used_in_another_is_flagged():
+    nb = notebooks.read(layout.source_notebook("01_device_basics"))
+    nb.cells.append(v4.new_code_cell("_T = [torch.Tensor][0]\ndef _use(ns, f):\n    ns.device = f"))
+    nb.cells.append(v4.new_code_cell("_T.is_meta = True\n_use(torch, 1)"))
+    found = review.review_notebook(nb)
+    assert {f.line for f in found if f.cell_index == len(nb.cells) - 1} == {1, 2}, found
 
 
 # -- every attack of issue 22 is flagged ----------------------------------------------------------
