@@ -354,3 +354,60 @@ def test_answers_that_do_nothing_score_zero(name, tmp_path):
     _, results = selfcheck.check(path)
     earned = {r.grade_id: r.score for r in results if r.score}
     assert not earned, f"{name}: answers that return None earn {earned}"
+
+
+# -- what a hidden test hands an answer is visible to it -------------------------------------------
+# The arguments of each call reach the student's code in the kernel, which may record and print
+# them (docs/GRADING_SECURITY.md says so). So a hidden test hands an answer data (a device name, a
+# key, "batch-7"), never a phrase that could say what the test checks. Known exceptions, each
+# only an input: a str leaf that move_to must hand back unchanged.
+PROSE_ARGUMENTS_KNOWN = {("02_to_semantics", "test_move_to_structure", "just a string")}
+
+
+def hidden_literal_arguments(nb) -> list[tuple[str, int, str, str]]:
+    """(test's grade id, line, answer's name, string) for each string literal a hidden line of a
+    test hands a function or class an answer cell defines: as an argument, a keyword's value, or
+    inside a container or expression passed as one."""
+    answers: set[str] = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and notebooks.is_solution(cell):
+            tree = ast.parse(cell.source)
+            answers |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    found = []
+    for cell in notebooks.test_cells(nb):
+        hidden, inside = set(), False
+        for number, line in enumerate(cell.source.split("\n"), start=1):
+            if line.strip() == notebooks.BEGIN_HIDDEN:
+                inside = True
+            elif line.strip() == notebooks.END_HIDDEN:
+                inside = False
+            elif inside:
+                hidden.add(number)
+        for node in ast.walk(ast.parse(cell.source)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in answers
+                    and node.lineno in hidden):
+                continue
+            for arg in node.args + [k.value for k in node.keywords]:
+                found += [(notebooks.grade_id(cell), node.lineno, node.func.id, sub.value) for sub in ast.walk(arg)
+                          if isinstance(sub, ast.Constant) and isinstance(sub.value, str)]
+    return found
+
+
+@pytest.mark.parametrize("name", ASSIGNMENTS)
+def test_hidden_tests_hand_answers_data_not_phrases(name):
+    found = hidden_literal_arguments(notebooks.read(layout.source_notebook(name)))
+    prose = [(gid, line, fn, text) for gid, line, fn, text in found
+             if re.search(r"\s", text) and (name, gid, text) not in PROSE_ARGUMENTS_KNOWN]
+    assert not prose, (
+        f"{name}: a hidden test hands an answer a phrase, which the answer can record and print: {prose}"
+        + " (the arguments are visible to the student's code: pass data, e.g. 's' or 'batch-7')")
+
+
+def test_the_scan_of_hidden_arguments_finds_them():
+    nb = notebooks.read(layout.source_notebook("01_device_basics"))
+    found = hidden_literal_arguments(nb)
+    assert any(fn == "pick_device" and text == "cuda:2" for _, _, fn, text in found), found
+    cell = next(c for c in notebooks.test_cells(nb) if notebooks.BEGIN_HIDDEN in c.source)
+    cell.source = cell.source.replace(notebooks.END_HIDDEN, "pick_device('the hidden test checks mps')\n"
+                                      + notebooks.END_HIDDEN, 1)
+    assert ("the hidden test checks mps" in {text for *_, text in hidden_literal_arguments(nb)})
