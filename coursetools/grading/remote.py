@@ -43,6 +43,8 @@ import sys
 import time
 import traceback
 import types
+import weakref
+from itertools import accumulate
 from collections import abc as collections_abc
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,22 +91,92 @@ class TestTimeout(Exception):
     """The test ran past its time limit."""
 
 
+# What one answer of the kernel may hold, checked here on the raw text before it is decoded:
+# a tensor of a million values fits (about 20 characters a value), 5,000,000 empty lists
+# (20 MB of JSON, 2 GiB once decoded) do not. The kernel's agent has caps of its own, but the
+# student's code can replace the agent; these are the grader's.
+MAX_ANSWER_CHARS = 32 * 2**20
+MAX_ANSWER_ITEMS = 1_100_000
+MAX_ANSWER_DEPTH = 64
+# A frame larger than this never reaches the grader's memory: ZMQ drops the connection
+# (the agent's prompt is lost, and the test runs into its time limit).
+MAX_ANSWER_WIRE_BYTES = 4 * MAX_ANSWER_CHARS + 2**20
+MAX_EXCEPTION_CLASSES = 1_000  # distinct kernel exception classes one kernel may show the grader
+MAX_RECEIVED_CHARS = 8_000_000  # characters of answers kept for tests (Channel.received)
+
+
+class AnswerTooLarge(Exception):
+    """The kernel sent more than the grader reads. Costs the test that asked (kept in
+    Channel.failures, so a test that catches it still fails)."""
+
+    def __init__(self, limit: int, what: str):
+        super().__init__(f"the answer sent more than {limit:,} {what} to the grader")
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def check_answer(text: str) -> None:
+    """Raise AnswerTooLarge when a prompt's raw JSON is over the grader's limits: its size,
+    then its items (commas and openings outside strings), then its nesting; all counted on
+    the text, without building a single value of it."""
+    if len(text) > MAX_ANSWER_CHARS:
+        raise AnswerTooLarge(MAX_ANSWER_CHARS, "characters")
+    bare = _JSON_STRING.sub('""', text) if '"' in text else text
+    if bare.count(",") + bare.count("[") + bare.count("{") > MAX_ANSWER_ITEMS:
+        raise AnswerTooLarge(MAX_ANSWER_ITEMS, "items")
+    brackets = _NOT_BRACKET.sub("", bare)
+    if len(brackets) > MAX_ANSWER_DEPTH and \
+            max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_ANSWER_DEPTH:
+        raise AnswerTooLarge(MAX_ANSWER_DEPTH, "levels of nesting")
+
+
 # -------------------------------------------------------------------------------------------
 # The channel to the kernel
 
 
+def _client_class():
+    """jupyter_client's blocking client, whose stdin socket refuses frames over
+    MAX_ANSWER_WIRE_BYTES (ZMQ_MAXMSGSIZE, set before it connects)."""
+    import zmq
+    from jupyter_client.blocking import BlockingKernelClient
+
+    class CappedClient(BlockingKernelClient):
+        def connect_stdin(self, identity=None):
+            sock = self.context.socket(zmq.DEALER)
+            sock.linger = 1000
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_ANSWER_WIRE_BYTES)
+            if identity:
+                sock.identity = identity
+            if getattr(self, "curve_publickey", None) is not None:
+                sock.curve_secretkey = self.curve_secretkey
+                sock.curve_publickey = self.curve_publickey
+                sock.curve_serverkey = self.curve_publickey
+            sock.connect(self._make_url("stdin"))
+            return sock
+
+    return CappedClient
+
+
 class Channel:
     """One execute request per test cell, whose code serves the grader's operations over
-    stdin. Every iopub message of that request is kept as evidence (stdout, stderr, errors)."""
+    stdin. Every iopub message of that request is kept as evidence (stdout, stderr, errors).
+
+    Everything the grader holds for one kernel lives here and goes with the channel (one per
+    kernel of one notebook, never shared across students): the proxies of the kernel's objects
+    (weakly: a proxy no test holds any more is freed), the local classes standing for the
+    kernel's exception classes (at most MAX_EXCEPTION_CLASSES). An answer over the limits of
+    check_answer is refused before it is decoded."""
 
     def __init__(self, km, deadline: float, max_output_bytes: int = 2_000_000):
-        from jupyter_client.blocking import BlockingKernelClient
         from jupyter_client.session import Session
 
         self.km = km
         info = km.get_connection_info()
-        self.kc = BlockingKernelClient(session=Session(key=km.session.key,
-                                                       signature_scheme=km.session.signature_scheme))
+        self.kc = _client_class()(session=Session(key=km.session.key,
+                                                  signature_scheme=km.session.signature_scheme))
         self.kc.load_connection_info(info)
         self.kc.start_channels()
         self.deadline = deadline
@@ -115,7 +187,9 @@ class Channel:
         self.kept = 0
         self.max_output_bytes = max_output_bytes
         self.reply: dict | None = None
-        self.refs: dict[int, "Proxy"] = {}
+        self.refs: "weakref.WeakValueDictionary[int, Proxy]" = weakref.WeakValueDictionary()
+        self.exception_classes: dict[int, type] = {}
+        self.received_chars = 0
         self.callbacks: dict[int, Callable] = {}
         self.callback_ids: dict[int, int] = {}
         self.failures: list[BaseException] = []
@@ -133,6 +207,11 @@ class Channel:
             self.kc.stop_channels()
         except Exception:
             pass
+        self.refs.clear()
+        self.exception_classes.clear()
+        self.opaque.clear()
+        self.callbacks.clear()
+        self.iterated.clear()
 
     def _drain_iopub(self) -> None:
         while True:
@@ -181,6 +260,15 @@ class Channel:
                         (msg.get("parent_header") or {}).get("msg_id") == self.msg_id:
                     prompt = str((msg.get("content") or {}).get("prompt", ""))
                     try:
+                        check_answer(prompt)
+                    except AnswerTooLarge as exc:
+                        # The agent waits for the next operation, as after any answer: the
+                        # protocol goes on, and the test that asked fails.
+                        del prompt, msg
+                        self.connected = True
+                        self.failures.append(exc)
+                        raise
+                    try:
                         answer = json.loads(prompt)
                     except ValueError:
                         # Student code called input() itself: no answer to that.
@@ -195,7 +283,9 @@ class Channel:
                     if isinstance(number, int):
                         self.sequence = number
                     self.connected = True
-                    _strings_in(answer, self.received)
+                    if self.received_chars < MAX_RECEIVED_CHARS:
+                        self.received_chars += len(prompt)
+                        _strings_in(answer, self.received)
                     return answer
                 continue
             try:
@@ -430,9 +520,6 @@ def _builtin_name(exc: BaseException) -> str:
     return "Exception"
 
 
-_EXCEPTION_CLASSES: dict[tuple, type] = {}
-
-
 def exception_class(channel: Channel, name: str, module: str, mro: list[str], remote_id: int) -> type:
     """The local class standing for a kernel's exception class: the builtin itself for a
     builtin, otherwise a subclass of the nearest builtin base, with the kernel's name."""
@@ -440,9 +527,12 @@ def exception_class(channel: Channel, name: str, module: str, mro: list[str], re
         found = getattr(builtins, name, None)
         if isinstance(found, type) and issubclass(found, BaseException):
             return found
-    key = (id(channel), remote_id)
-    found = _EXCEPTION_CLASSES.get(key)
+    found = channel.exception_classes.get(remote_id)
     if found is None:
+        if len(channel.exception_classes) >= MAX_EXCEPTION_CLASSES:
+            exc = AnswerTooLarge(MAX_EXCEPTION_CLASSES, "exception classes")
+            channel.failures.append(exc)
+            raise exc
         base = Exception
         for candidate in mro:
             klass = getattr(builtins, candidate, None)
@@ -453,7 +543,7 @@ def exception_class(channel: Channel, name: str, module: str, mro: list[str], re
         found = type(safe, (base,), {"__module__": module if re.fullmatch(r"[\w.]{1,120}", module or "") else "kernel",
                                      "__str__": lambda self: self._remote_message,
                                      "_remote_id": remote_id})
-        _EXCEPTION_CLASSES[key] = found
+        channel.exception_classes[remote_id] = found
     return found
 
 

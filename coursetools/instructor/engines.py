@@ -10,6 +10,9 @@ no worker ever writes there.
   and talking to grade-class over a socket pair. A worker that dies (killed, out of memory)
   is replaced, and the submission it held goes back in the queue: graded once, never lost.
   After `MAX_ATTEMPTS` deaths on the same submission it is reported, not retried forever.
+  A worker whose memory a submission pushed past a threshold is replaced after sending that
+  submission's result (gradejob.retire_reason), and each worker's heap is capped
+  (gradejob.cap_memory).
 * `DaskEngine` (`grade-class --scheduler tcp://host:8786`, or `--scheduler local` for a Dask
   LocalCluster of `--jobs` workers): Dask distributed places each task on a worker and, when
   a worker is lost mid-run, runs its tasks again on another (up to the scheduler's
@@ -121,6 +124,7 @@ class LocalEngine:
         self.stopping = threading.Event()
         self.ready: list[str] = []  # what each worker said when it started (its sandbox)
         self.restarts = 0
+        self.recycled: list[str] = []  # workers replaced after a submission left them too big
 
     def stop(self) -> None:
         self.stopping.set()
@@ -188,6 +192,19 @@ class LocalEngine:
                     if kind == "fatal":
                         results.put(("fatal", payload))
                         return
+                    if kind == "done-retire":
+                        payload, why = payload
+                        with lock:
+                            self.recycled.append(why)
+                        print(why, file=log, flush=True)
+                        conn.close()
+                        try:
+                            proc.wait(timeout=30)
+                        except subprocess.TimeoutExpired:
+                            proc.kill()
+                            proc.wait()
+                        runguard.waited(proc.pid)
+                        proc = conn = None
                     results.put(("done", (task, payload)))
                     task = None
             except Exception as exc:  # noqa: BLE001 - the run must hear of it

@@ -95,6 +95,7 @@ class Outcome:
     seconds: float = 0.0
     worker: str = ""
     sandbox: str = ""  # how this worker's kernels are contained (sandbox.describe)
+    out_of_memory: bool = False  # the worker hit its memory cap on this submission
 
 
 def files_digest(files: dict[str, bytes]) -> str:
@@ -159,6 +160,63 @@ def describe_code() -> str:
 # -- the worker's side ----------------------------------------------------------------------
 _LOCK = threading.Lock()  # one submission at a time per process (nbgrader logs to one logger)
 _STATE: dict = {"templates": {}, "checked": set(), "digest": None, "sandbox": ""}
+
+
+# A worker's memory. The tests run in the worker's process, against answers from the student's
+# kernel (coursetools.grading.remote bounds each answer before decoding it); these bound what
+# is left: a cap on the worker's heap (RLIMIT_DATA, soft limit only, so a sandboxed kernel
+# still gets its own), and a worker whose memory a submission pushed past the threshold is
+# replaced after it (LocalEngine starts a fresh one), so no student inherits another's leftovers.
+WORKER_MEMORY_ENV = "COURSE_WORKER_MEMORY_MIB"    # 0: no cap
+WORKER_RECYCLE_ENV = "COURSE_WORKER_RECYCLE_MIB"  # 0: never recycled
+DEFAULT_WORKER_MEMORY_MIB = 4096
+DEFAULT_WORKER_RECYCLE_MIB = 1536
+MIB = 2**20
+
+
+def _env_mib(name: str, default: int) -> int:
+    try:
+        return max(0, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+def cap_memory() -> int | None:
+    """Cap this process's heap (RLIMIT_DATA's soft limit); returns the cap in MiB, or None."""
+    import resource
+
+    mib = _env_mib(WORKER_MEMORY_ENV, DEFAULT_WORKER_MEMORY_MIB)
+    if not mib:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    want = mib * MIB if hard == resource.RLIM_INFINITY else min(mib * MIB, hard)
+    if soft != resource.RLIM_INFINITY and soft <= want:
+        return soft // MIB
+    resource.setrlimit(resource.RLIMIT_DATA, (want, hard))
+    return want // MIB
+
+
+def memory_mib(field_name: str = "VmRSS") -> float | None:
+    """This process's resident memory (VmRSS) or its peak (VmHWM), from /proc/self/status."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def retire_reason(outcome: "Outcome | None" = None) -> str | None:
+    """Why this worker should be replaced after the submission it just graded, or None."""
+    if outcome is not None and outcome.out_of_memory:
+        return "it ran out of memory grading the last submission"
+    limit = _env_mib(WORKER_RECYCLE_ENV, DEFAULT_WORKER_RECYCLE_MIB)
+    rss = memory_mib()
+    if limit and rss is not None and rss > limit:
+        return f"it held {rss:.0f} MiB after the last submission (more than {limit} MiB)"
+    return None
 
 
 def worker_name() -> str:
@@ -330,7 +388,14 @@ def grade(task: Task) -> Outcome:
             app.force, app.create_student = True, True
             for key in [k for k in _EXECUTED if k[0] == task.student]:
                 del _EXECUTED[key]
-            result = _run(app)
+            try:
+                result = _run(app)
+            except MemoryError:
+                # The worker's cap (cap_memory): this submission's fault, reported as such;
+                # the worker is replaced after it (retire_reason).
+                outcome.out_of_memory = True
+                result = {"success": False, "log": "", "error": "the grading worker ran out of memory "
+                                                                 "grading this submission"}
             outcome.log = result.get("log", "")
             graded = root / "autograded" / task.student / task.assignment
             for path in sorted(graded.glob("*.ipynb")) if graded.is_dir() else []:

@@ -6,8 +6,10 @@ FD is this process's end of a socket pair. grade-class sends the course's nbgrad
 configuration first; the worker starts one test kernel as grading will
 (coursetools.grading.preflight; free when grade-class already passed it with the same
 interpreter, user and sandbox) and answers ("ready", how its kernels are sandboxed) or
-("fatal", why it cannot grade). Then, for each ("task", gradejob.Task): ("done", Outcome).
-("bye", None) ends it. Its stdout and stderr go to grade-class's log.
+("fatal", why it cannot grade). Then, for each ("task", gradejob.Task): ("done", Outcome), or
+("done-retire", (Outcome, why)) when the submission left the worker holding more memory than
+gradejob.retire_reason allows: the worker then exits and grade-class starts a fresh one. The
+worker's heap is capped (gradejob.cap_memory). ("bye", None) ends it. Its stdout and stderr go to grade-class's log.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore", module="sqlalchemy")
     warnings.filterwarnings("ignore", message=".*not in session.*")
     conn = socket.socket(fileno=int(argv[0]))
+    gradejob.cap_memory()
     kind, config = engines.recv(conn)
     assert kind == "config"
     try:
@@ -54,6 +57,10 @@ def main(argv: list[str]) -> int:
             engines.send(conn, ("fatal", f"worker {gradejob.worker_name()} failed on {task.student}'s "
                                          f"{task.assignment}:\n{traceback.format_exc()}"))
             return 2
+        why = gradejob.retire_reason(outcome)
+        if why is not None:
+            engines.send(conn, ("done-retire", (outcome, f"worker {gradejob.worker_name()} replaced: {why}")))
+            return 0
         engines.send(conn, ("done", outcome))
 
 
