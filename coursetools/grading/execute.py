@@ -353,6 +353,13 @@ def _kernel_env(env: dict[str, str] | None, private: str) -> dict[str, str]:
     return out
 
 
+def course_helpers(nb: NotebookNode) -> str:
+    """The helpers cell of a notebook of the course's own (solutions/, the gradebook's
+    copy, or a notebook rebuilt from them): the first code cell with grade_id `helpers`."""
+    return next((c.source for c in nb.cells if c.cell_type == "code" and not notebooks.is_test_cell(c)
+                 and notebooks.grade_id(c) == "helpers"), "")
+
+
 def execute_resilient(
     nb: NotebookNode,
     *,
@@ -366,6 +373,7 @@ def execute_resilient(
     guarded: bool = True,
     budget: float | None = SUBMISSION_BUDGET_S,
     inspect_kernel: Callable[[int], None] | None = None,
+    helpers_source: str | None = None,
 ) -> ExecutionReport:
     """Run every code cell of `nb` in place (outputs are written into the cells).
 
@@ -388,8 +396,7 @@ def execute_resilient(
     run_nb = nb
     if guarded and any(c.cell_type == "code" and notebooks.is_test_cell(c) for c in nb.cells):
         # Tests run in this process (coursetools.grading.remote); the kernel gets the agent.
-        helpers = "\n\n".join(c.source for c in nb.cells if c.cell_type == "code"
-                               and not notebooks.is_test_cell(c) and notebooks.grade_id(c) == "helpers")
+        helpers = helpers_source if helpers_source is not None else course_helpers(nb)
         session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd)
         init = remote.init_code()
         if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):

@@ -519,3 +519,51 @@ def test_feedback_loads_nothing_remote_and_redacts_what_a_reader_would_see():
                              '<div style="background: url(https://tracker.example.org/c.png)">') == [
         "https://tracker.example.org/p.gif", "//cdn.example/x.js", "https://tracker.example.org/c.png"]
     assert html.count("data:image/png;base64,iVBORw0KGgo=") >= 2, "data: images stay"
+
+
+_COURSE_HELPERS = ("def call_answer(fn, hint=''):\n"
+                   "    return fn()\n")
+_FORGED_HELPERS = ("def call_answer(fn, hint=''):\n"
+                   "    return 2\n")
+
+
+def _helpers_cell(source):
+    cell = v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True, "grade_id": "helpers",
+                                 "schema_version": 3, "task": False}
+    return cell
+
+
+@pytest.mark.parametrize("where", ["added after", "added before", "altered"])
+def test_a_submitted_helpers_cell_never_reaches_the_grader(tmp_path, monkeypatch, where):
+    """The helpers the tests run in the grader's process (call_answer, expect_error, ...) come
+    from the course's own helpers cell (the gradebook's, else the source notebook's), never
+    from the submission, whatever nbgrader's earlier steps did: here none ran. A helpers cell
+    the student added or altered, whose `call_answer` answers 2 whatever the answer returns,
+    scored 2/2 for an answer returning 3 before; now 0."""
+    from traitlets.config import Config
+    from coursetools.grading import sandbox
+    from coursetools.instructor.nbgrader_ext import ResilientExecute
+
+    monkeypatch.setenv(sandbox.ALLOW_ROOT_ENV, "1")
+    answer = v4.new_code_cell(WRONG_F)
+    answer.metadata["nbgrader"] = {"grade": False, "solution": True, "locked": False, "grade_id": "f",
+                                   "schema_version": 3, "task": False}
+    test = _test_cell("assert call_answer(f) == 2, 'f() must return 2'")
+    source = v4.new_notebook(cells=[_helpers_cell(_COURSE_HELPERS), answer, test])
+    notebooks.write(source, tmp_path / "solutions" / "ch" / "ch.ipynb")
+    cells = {"added after": [_helpers_cell(_COURSE_HELPERS), _helpers_cell(_FORGED_HELPERS)],
+             "added before": [_helpers_cell(_FORGED_HELPERS), _helpers_cell(_COURSE_HELPERS)],
+             "altered": [_helpers_cell(_FORGED_HELPERS)]}[where]
+    submitted = v4.new_notebook(cells=[*cells, answer, _test_cell(test.source)])
+    config = Config()
+    config.CourseDirectory.root = str(tmp_path)
+    config.CourseDirectory.source_directory = "solutions"
+    step = ResilientExecute(config=config, sandbox="off")
+    here = tmp_path / "submitted" / "alice" / "ch"
+    here.mkdir(parents=True)
+    nb, _ = step.preprocess(submitted, {"metadata": {"path": str(here)}, "unique_key": "helpers",
+                                        "nbgrader": {"assignment": "ch", "notebook": "ch", "student": "alice"}})
+    from nbgrader.utils import determine_grade
+    assert determine_grade(nb.cells[-1])[0] == 0, nb.cells[-1].outputs
+    assert "f() must return 2" in str(nb.cells[-1].outputs), nb.cells[-1].outputs  # failed on the answer
