@@ -40,7 +40,7 @@ from nbclient.util import ensure_async
 from nbformat import NotebookNode, v4
 from traitlets import Integer
 
-from coursetools.grading import guard, remote, warm
+from coursetools.grading import guard, hardware, remote, warm
 from coursetools import notebooks
 
 # One place for the limits: the self-check (coursetools.learner.selfcheck), grade-class
@@ -397,7 +397,8 @@ def execute_resilient(
     if guarded and any(c.cell_type == "code" and notebooks.is_test_cell(c) for c in nb.cells):
         # Tests run in this process (coursetools.grading.remote); the kernel gets the agent.
         helpers = helpers_source if helpers_source is not None else course_helpers(nb)
-        session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd)
+        session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd,
+                                     accelerator=hardware.device_type(sandboxed=env is not None))
         init = remote.init_code()
         if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):
             # PyTorch's first operation on the meta device imports hundreds of modules (1.6 s
