@@ -24,7 +24,7 @@ from nbformat import NotebookNode
 from coursetools.author import fixtures, release
 from coursetools import layout, notebooks
 from coursetools.learner import selfcheck
-from coursetools.grading.execute import CELL_TIMEOUT_S, Outcome, execute_resilient
+from coursetools.grading.execute import CELL_TIMEOUT_S, Outcome, course_helpers, execute_resilient
 
 
 def run_clean(path: Path) -> tuple[bool, float, list[str]]:
@@ -49,7 +49,8 @@ def grade(nb: NotebookNode, name: str) -> tuple[dict[str, float], list[selfcheck
     graded = selfcheck.rebuild(nb, source)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        report = execute_resilient(graded, cwd=scratch, timeout=CELL_TIMEOUT_S)
+        report = execute_resilient(graded, cwd=scratch, timeout=CELL_TIMEOUT_S,
+                                   helpers_source=course_helpers(source))
     results = selfcheck.score_cells(graded, report.outcomes)
     return {r.grade_id: r.score for r in results}, results, time.perf_counter() - start
 

@@ -40,7 +40,7 @@ from nbclient.util import ensure_async
 from nbformat import NotebookNode, v4
 from traitlets import Integer
 
-from coursetools.grading import guard, remote, warm
+from coursetools.grading import guard, hardware, remote, warm
 from coursetools import notebooks
 
 # One place for the limits: the self-check (coursetools.learner.selfcheck), grade-class
@@ -353,6 +353,13 @@ def _kernel_env(env: dict[str, str] | None, private: str) -> dict[str, str]:
     return out
 
 
+def course_helpers(nb: NotebookNode) -> str:
+    """The helpers cell of a notebook of the course's own (solutions/, the gradebook's
+    copy, or a notebook rebuilt from them): the first code cell with grade_id `helpers`."""
+    return next((c.source for c in nb.cells if c.cell_type == "code" and not notebooks.is_test_cell(c)
+                 and notebooks.grade_id(c) == "helpers"), "")
+
+
 def execute_resilient(
     nb: NotebookNode,
     *,
@@ -366,6 +373,7 @@ def execute_resilient(
     guarded: bool = True,
     budget: float | None = SUBMISSION_BUDGET_S,
     inspect_kernel: Callable[[int], None] | None = None,
+    helpers_source: str | None = None,
 ) -> ExecutionReport:
     """Run every code cell of `nb` in place (outputs are written into the cells).
 
@@ -388,9 +396,9 @@ def execute_resilient(
     run_nb = nb
     if guarded and any(c.cell_type == "code" and notebooks.is_test_cell(c) for c in nb.cells):
         # Tests run in this process (coursetools.grading.remote); the kernel gets the agent.
-        helpers = "\n\n".join(c.source for c in nb.cells if c.cell_type == "code"
-                               and not notebooks.is_test_cell(c) and notebooks.grade_id(c) == "helpers")
-        session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd)
+        helpers = helpers_source if helpers_source is not None else course_helpers(nb)
+        session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd,
+                                     accelerator=hardware.device_type(sandboxed=env is not None))
         init = remote.init_code()
         if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):
             # PyTorch's first operation on the meta device imports hundreds of modules (1.6 s

@@ -51,7 +51,7 @@ from pathlib import Path
 from queue import Empty
 from typing import Any, Callable
 
-from coursetools.grading import hints
+from coursetools.grading import hardware, hints
 
 AGENT_NAME = "__course_agent__"
 SERVE_CODE = f"__import__('sys').modules[{AGENT_NAME!r}].serve()"
@@ -1050,8 +1050,10 @@ class TestSession:
     assigns is seen by the next). A new kernel (after a crash) starts both afresh."""
 
     def __init__(self, helpers_source: str = "", max_output_bytes: int = 2_000_000,
-                 cwd: str | os.PathLike | None = None):
+                 cwd: str | os.PathLike | None = None, accelerator: str = "cpu"):
         self.helpers_source = helpers_source
+        # The grader's word on the kernel's GPU (coursetools/grading/hardware.py).
+        self.accelerator = accelerator
         # The kernel's working folder: a test that opens a file the assignment ships
         # ("data.csv") reads it from there, as it did when tests ran in the kernel.
         self.cwd = os.fspath(cwd) if cwd is not None else None
@@ -1158,6 +1160,7 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
         # Feedback in two steps (coursetools/grading/hints.py): the grader's messages always
         # carry the fix, after hints.FIX_MARKER; what is shown of it is the display's choice.
         ns.update(hints.grader_namespace())
+        ns.update(hardware.test_names(session.accelerator))
         # Names from the kernel are looked up afresh for every test cell (the student may have
         # redefined an answer in between); names a test cell assigned stay the tests' own.
         ns["__grader_cm__"] = _grader_cm

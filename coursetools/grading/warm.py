@@ -85,6 +85,11 @@ class ZygoteError(RuntimeError):
     pass
 
 
+# Runs as the zygote's first process: reads the command, NUL-separated and ended by an empty
+# argument, from stdin (a pipe no other process holds), and becomes it.
+EXEC_FROM_STDIN = r'args=(); while IFS= read -r -d "" a && [ -n "$a" ]; do args+=("$a"); done; exec "${args[@]}"'
+
+
 class Zygote:
     """One zygote process, sandboxed as a kernel would be (`config`, or none), and the
     folders it shares with the grader: `runtime` (a sub-folder per kernel: its connection
@@ -121,7 +126,13 @@ class Zygote:
         with open(program, "w") as f:
             f.write(source())
         os.chmod(program, 0o444)
-        cmd = [sys.executable, program, json.dumps(list(modules))]
+        # Its command line names no host path: every process of the sandbox (bwrap, pid 1,
+        # and each kernel, a fork of the zygote) can read the command lines above it. The
+        # interpreter, the program and its arguments reach a shell over the zygote's stdin
+        # (read to the empty argument that ends them, before the protocol's first line), and
+        # the zygote blanks its own command line before it imports anything.
+        argv = [sys.executable, program, json.dumps(list(modules))]
+        cmd = [sandbox._bash(), "-c", EXEC_FROM_STDIN, "course-zygote"]
         env = sandbox.sandbox_env(config) if self.sandboxed else dict(os.environ)
         if self.sandboxed:
             kind = sandbox.cgroup_kind()
@@ -133,6 +144,8 @@ class Zygote:
             cmd = sandbox.wrap_command(cmd, config, writable=[])
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.stderr, env=env, cwd="/", start_new_session=True)
+        self.process.stdin.write(b"".join(a.encode() + b"\0" for a in argv) + b"\0")
+        self.process.stdin.flush()
         self.ready = self._read(START_TIMEOUT_S)
         if not self.ready.get("ready"):
             raise ZygoteError(f"the zygote did not start: {self.ready}")

@@ -1,9 +1,9 @@
 """The warm kernel server (a zygote): a Python process that has imported the kernel and
 PyTorch once, and forks one fresh kernel per notebook run. It never runs student code.
 
-This file runs on its own (`python -c <this source>`), inside the same sandbox as a cold
-kernel would (coursetools.grading.warm starts it): the course's tools are not importable
-there. It talks to the grader over its stdin and stdout, one JSON object per line:
+This file runs on its own (`python zygote.py MODULES`, its command line blanked at once),
+inside the same sandbox as a cold kernel would (coursetools.grading.warm starts it): the
+course's tools are not importable there. It talks to the grader over its stdin and stdout, one JSON object per line:
 
     {"op": "fork", "ctl": SOCKET, "connection_file": PATH, "cwd": PATH, "env": {...},
      "isolate": null | {"tmpfs_bytes": N, "runtime": FOLDER, "spool": FOLDER, "input": PATH,
@@ -261,7 +261,24 @@ def _warm(modules):
         os.waitpid(pid, 0)
 
 
+def _blank_command_line(title=b"course-zygote"):
+    """Overwrite this process's command line (what /proc/PID/cmdline shows, of the zygote
+    and of every kernel forked from it) with `title`: it named the interpreter and the
+    program's folder, host paths."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    except (OSError, ValueError, IndexError):
+        return
+    if start <= 0 or end <= start:
+        return
+    ctypes.memset(start, 0, end - start)
+    ctypes.memmove(start, title, min(len(title), end - start - 1))
+
+
 def main():
+    _blank_command_line()
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace, no /proc/PID/mem for anyone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     modules = json.loads(sys.argv[1]) if len(sys.argv) > 1 else []

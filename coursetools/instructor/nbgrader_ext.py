@@ -275,8 +275,35 @@ class ResilientExecute(NbGraderPreprocessor):
         root = course.get("root", os.getcwd())
         return os.path.join(root, course.get("submitted_directory", "submitted"), student, assignment)
 
+    def course_helpers(self, nb: NotebookNode, resources: ResourcesDict) -> str:
+        """The course's own helpers cell for this notebook, never the submission's: the
+        gradebook's copy (what nbgrader restores a locked cell from), else the source
+        notebook's. A `helpers` cell the student added or changed is not read, whatever
+        nbgrader's earlier steps (duplicate ids, restoring locked cells) did with it. Without
+        nbgrader's assignment and notebook (a direct call on a notebook the caller vouches
+        for), the notebook's own."""
+        info = resources.get("nbgrader") or {}
+        assignment, name = info.get("assignment"), info.get("notebook")
+        if not assignment or not name:
+            return execute.course_helpers(nb)
+        if info.get("db_url"):
+            from nbgrader.api import Gradebook, MissingEntry
+            try:
+                with Gradebook(info["db_url"]) as gradebook:
+                    return gradebook.find_source_cell("helpers", name, assignment).source
+            except MissingEntry:
+                pass
+        course = self.config.CourseDirectory
+        source = os.path.join(course.get("root", os.getcwd()), course.get("source_directory", "source"),
+                              assignment, f"{name}.ipynb")
+        if os.path.exists(source):
+            return execute.course_helpers(notebooks.read(source))
+        raise RuntimeError(f"no helpers cell of the course's own for {assignment}/{name} "
+                           f"(neither in the gradebook nor in {source}): not grading it with the submission's")
+
     def preprocess(self, nb: NotebookNode, resources: ResourcesDict) -> Tuple[NotebookNode, ResourcesDict]:
         config = self.sandbox_config(resources)
+        helpers = self.course_helpers(nb, resources)
         here = (resources.get("metadata") or {}).get("path") or "."
         key = resources.get("unique_key", "notebook")
         scratch = tempfile.mkdtemp(prefix="grading-")
@@ -288,7 +315,7 @@ class ResilientExecute(NbGraderPreprocessor):
             report = execute_resilient(
                 nb, cwd=scratch, timeout=self.timeout, kernel_name=self.kernel_name,
                 max_restarts=self.max_restarts, env=kernel_env, guarded=self.tamper_checks,
-                budget=self.budget,
+                budget=self.budget, helpers_source=helpers,
                 is_replayable=lambda c: not notebooks.is_test_cell(c),
                 client_kwargs={"kernel_manager_class": warm.kernel_manager_for(config, scratch),
                                "max_output_bytes": self.max_output_bytes,

@@ -48,7 +48,7 @@ from nbformat import NotebookNode, v4
 from coursetools.learner import lab
 from coursetools import layout, notebooks
 from coursetools.grading import hints, review
-from coursetools.grading.execute import CELL_TIMEOUT_S, KernelStartError, Outcome, execute_resilient
+from coursetools.grading.execute import CELL_TIMEOUT_S, KernelStartError, Outcome, course_helpers, execute_resilient
 from coursetools.publish.i18n import describe_test, language, notebook_language, set_language, testmessages, tr
 from coursetools.notebooks import NotebookError
 
@@ -229,7 +229,7 @@ def check(path: Path, *, timeout: int = CELL_TIMEOUT_S, visible_only: bool = Fal
     if findings is not None:
         findings.extend(review.review_notebook(rebuild(learner, source)))
     with tempfile.TemporaryDirectory(prefix="selfcheck-") as scratch:
-        report = execute_resilient(graded, cwd=scratch, timeout=timeout)
+        report = execute_resilient(graded, cwd=scratch, timeout=timeout, helpers_source=course_helpers(source))
     return name, score_cells(graded, report.outcomes)
 
 

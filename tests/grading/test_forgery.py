@@ -519,3 +519,97 @@ def test_feedback_loads_nothing_remote_and_redacts_what_a_reader_would_see():
                              '<div style="background: url(https://tracker.example.org/c.png)">') == [
         "https://tracker.example.org/p.gif", "//cdn.example/x.js", "https://tracker.example.org/c.png"]
     assert html.count("data:image/png;base64,iVBORw0KGgo=") >= 2, "data: images stay"
+
+
+_COURSE_HELPERS = ("def call_answer(fn, hint=''):\n"
+                   "    return fn()\n")
+_FORGED_HELPERS = ("def call_answer(fn, hint=''):\n"
+                   "    return 2\n")
+
+
+def _helpers_cell(source):
+    cell = v4.new_code_cell(source)
+    cell.metadata["nbgrader"] = {"grade": False, "solution": False, "locked": True, "grade_id": "helpers",
+                                 "schema_version": 3, "task": False}
+    return cell
+
+
+@pytest.mark.parametrize("where", ["added after", "added before", "altered"])
+def test_a_submitted_helpers_cell_never_reaches_the_grader(tmp_path, monkeypatch, where):
+    """The helpers the tests run in the grader's process (call_answer, expect_error, ...) come
+    from the course's own helpers cell (the gradebook's, else the source notebook's), never
+    from the submission, whatever nbgrader's earlier steps did: here none ran. A helpers cell
+    the student added or altered, whose `call_answer` answers 2 whatever the answer returns,
+    scored 2/2 for an answer returning 3 before; now 0."""
+    from traitlets.config import Config
+    from coursetools.grading import sandbox
+    from coursetools.instructor.nbgrader_ext import ResilientExecute
+
+    monkeypatch.setenv(sandbox.ALLOW_ROOT_ENV, "1")
+    answer = v4.new_code_cell(WRONG_F)
+    answer.metadata["nbgrader"] = {"grade": False, "solution": True, "locked": False, "grade_id": "f",
+                                   "schema_version": 3, "task": False}
+    test = _test_cell("assert call_answer(f) == 2, 'f() must return 2'")
+    source = v4.new_notebook(cells=[_helpers_cell(_COURSE_HELPERS), answer, test])
+    notebooks.write(source, tmp_path / "solutions" / "ch" / "ch.ipynb")
+    cells = {"added after": [_helpers_cell(_COURSE_HELPERS), _helpers_cell(_FORGED_HELPERS)],
+             "added before": [_helpers_cell(_FORGED_HELPERS), _helpers_cell(_COURSE_HELPERS)],
+             "altered": [_helpers_cell(_FORGED_HELPERS)]}[where]
+    submitted = v4.new_notebook(cells=[*cells, answer, _test_cell(test.source)])
+    config = Config()
+    config.CourseDirectory.root = str(tmp_path)
+    config.CourseDirectory.source_directory = "solutions"
+    step = ResilientExecute(config=config, sandbox="off")
+    here = tmp_path / "submitted" / "alice" / "ch"
+    here.mkdir(parents=True)
+    nb, _ = step.preprocess(submitted, {"metadata": {"path": str(here)}, "unique_key": "helpers",
+                                        "nbgrader": {"assignment": "ch", "notebook": "ch", "student": "alice"}})
+    from nbgrader.utils import determine_grade
+    assert determine_grade(nb.cells[-1])[0] == 0, nb.cells[-1].outputs
+    assert "f() must return 2" in str(nb.cells[-1].outputs), nb.cells[-1].outputs  # failed on the answer
+
+
+_KERNEL_DECIDES_GPU = re.compile(r"^\s*(if|elif|while)\b.*((?<![.\w])device\.type\s*[!=]=|torch\.cuda\.is_available\(\))")
+
+
+def test_no_test_cell_lets_the_kernel_decide_whether_the_gpu_checks_run():
+    """A hidden test's real-GPU checks run when the grader says it has a GPU (grader_device(),
+    coursetools/grading/hardware.py), never on a value the kernel reports: the notebook's global
+    `device`, which an answer cell can rebind to the CPU, or the kernel's torch.cuda.is_available().
+    Before, 21 test cells branched so (chapters 01-05 and 07)."""
+    found = []
+    for name in layout.assignments():
+        nb = notebooks.read(layout.source_notebook(name))
+        for cell in notebooks.test_cells(nb):
+            lines = cell.source.splitlines()
+            for i, line in enumerate(lines):
+                rebound = i > 0 and lines[i - 1].strip().startswith("device = grader_device()")
+                if _KERNEL_DECIDES_GPU.match(line) and not rebound:
+                    found.append(f"{name} {notebooks.grade_id(cell)}: {line.strip()}")
+    assert not found, found
+
+
+@pytest.mark.parametrize("answer", ["honest", "rebinds device"])
+def test_the_grader_decides_whether_the_gpu_branch_runs(monkeypatch, answer):
+    """An answer cell that rebinds the notebook's `device` to the CPU no longer skips a hidden
+    test's GPU branch on a GPU grader (played here with COURSE_GRADER_DEVICE=cuda on a CPU-only
+    machine: the branch runs, and on this machine fails trying to use CUDA). Before, the
+    rebinding made the test print "skipped" and pass."""
+    from coursetools.grading import hardware
+    monkeypatch.setenv(hardware.ENV, "cuda")
+    setup = v4.new_code_cell('import torch\ndevice = torch.device("cpu")')
+    rebind = v4.new_code_cell('device = torch.device("cpu")' if answer == "rebinds device" else "pass")
+    test = _test_cell('device = grader_device()\n'
+                      'if device.type != "cpu":\n'
+                      '    assert str(device) == "cuda", device\n'
+                      '    raise AssertionError("the GPU branch ran")\n'
+                      'else:\n'
+                      '    print("skipped the real-accelerator check")')
+    nb = v4.new_notebook(cells=[setup, rebind, test])
+    report = execute_resilient(nb, cwd="/tmp", timeout=60)
+    assert report.outcomes[2] is Outcome.ERROR, nb.cells[2].outputs
+    assert "the GPU branch ran" in str(nb.cells[2].outputs), nb.cells[2].outputs
+    monkeypatch.setenv(hardware.ENV, "cpu")
+    nb = v4.new_notebook(cells=[setup, rebind, _test_cell(test.source)])
+    report = execute_resilient(nb, cwd="/tmp", timeout=60)
+    assert report.outcomes[2] is Outcome.OK and "skipped" in str(nb.cells[2].outputs), nb.cells[2].outputs

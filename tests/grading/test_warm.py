@@ -227,3 +227,39 @@ def test_a_warm_kernel_has_no_capabilities_and_sees_no_zygote_folders(scratch, m
     if sandbox.can_mount_tmpfs():
         # Its connection folder is on the grader's small tmpfs: it cannot fill the disk.
         assert int(lines[3]) <= warm.RUNTIME_TMPFS_MB * 2**20, lines[3]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", [SANDBOXED, "off"])
+def test_no_command_line_a_warm_kernel_reads_names_a_host_path(mode, scratch, monkeypatch):
+    """Every command line a warm kernel can read (pid 1's, bwrap's, its own: a fork of the
+    zygote's) names no host path: not the zygote's folders under the grader's TMPDIR, not the
+    venv. Before, pid 1's and the kernel's own named the interpreter and
+    <TMPDIR>/course-zygote-*/zygote.py; the command now reaches the zygote over its stdin, and
+    the zygote blanks its own command line."""
+    code = textwrap.dedent("""
+        import os, json
+        seen = {}
+        for pid in ["self", *[p for p in os.listdir("/proc") if p.isdigit()]]:
+            try:
+                seen[pid] = open(f"/proc/{pid}/cmdline", "rb").read().decode("utf-8", "replace")
+            except OSError:
+                pass
+        print(json.dumps(seen))
+    """)
+    nb, report = run([code], "bwrap" if mode != "off" else "off", scratch(), monkeypatch=monkeypatch)
+    assert report.outcomes == [Outcome.OK], nb.cells[0].outputs
+    seen = json.loads(_text(nb, 0).splitlines()[0])
+    zygotes = _zygotes("bwrap" if mode != "off" else "off")
+    assert zygotes, "no warm zygote ran"
+    host = {sys.prefix, os.path.realpath(sys.prefix), os.path.realpath(sys.executable),
+            os.path.dirname(sys.executable), "course-zygote-", "course-spool-"}
+    for z in zygotes:
+        host |= {z.runtime, z.spool, os.path.realpath(z.runtime)}
+    if mode == "off":  # no pid namespace: the other processes are the machine's, not the sandbox's
+        seen = {"self": seen["self"]}
+    named = {pid: [h for h in host if h in line] for pid, line in seen.items()}
+    assert not any(named.values()), {pid: (named[pid], seen[pid][:300]) for pid in named if named[pid]}
+    assert seen["self"].split("\0")[0] == "course-zygote", seen["self"][:200]
+    if mode != "off":
+        assert "1" in seen and seen["1"], seen
