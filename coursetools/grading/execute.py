@@ -407,6 +407,13 @@ def execute_resilient(
             init += "\n__import__('torch').zeros(1, device='meta').add_(1)"
         run_nb = v4.new_notebook(metadata=nb.metadata)
         run_nb.cells = [guard._guard_cell(init, "init"), *nb.cells]
+    elif any(c.cell_type == "code" and notebooks.is_test_cell(c) for c in nb.cells):
+        # Unguarded (an instructor's --no-tamper-checks): the tests run in the kernel, and
+        # `grader_device()`, which the grader puts in a guarded test's namespace, is defined
+        # there, with the grader's answer (coursetools/grading/hardware.py).
+        kind = hardware.device_type(sandboxed=env is not None)
+        run_nb = v4.new_notebook(metadata=nb.metadata)
+        run_nb.cells = [guard._guard_cell(hardware.kernel_source(kind), "init"), *nb.cells]
     client_kwargs = dict(client_kwargs or {})
     if "kernel_manager_class" not in client_kwargs and warm.enabled():
         client_kwargs["kernel_manager_class"] = warm.PlainWarmKernelManager
@@ -420,11 +427,12 @@ def execute_resilient(
         if session is not None:
             session.close()
         shutil.rmtree(private, ignore_errors=True)
-    if session is None:
+    if run_nb is nb:
         return report
-    report.sent = set(session.sent)
-    report.received = set(session.received)
-    # Map the run (the agent's cell first) back onto the notebook's own cells.
+    if session is not None:
+        report.sent = set(session.sent)
+        report.received = set(session.received)
+    # Map the run (the grader's cell first) back onto the notebook's own cells.
     shift = lambda j: j - 1 if j is not None and j > 0 else (None if j is None else 0)
     report.outcomes = report.outcomes[1:]
     report.forged = {i - 1: m for i, m in report.forged.items() if i > 0}

@@ -48,3 +48,12 @@ def test_names(kind: str) -> dict:
         import torch
         return torch.device(kind)
     return {"grader_device": grader_device}
+
+
+def kernel_source(kind: str) -> str:
+    """`grader_device()` defined in the kernel, for an unguarded run whose tests run there."""
+    if kind not in KINDS:
+        raise ValueError(f"{kind!r}: expected one of {', '.join(KINDS)}")
+    return ("def grader_device():\n"
+            "    import torch\n"
+            f"    return torch.device({kind!r})\n")

@@ -613,3 +613,19 @@ def test_the_grader_decides_whether_the_gpu_branch_runs(monkeypatch, answer):
     nb = v4.new_notebook(cells=[setup, rebind, _test_cell(test.source)])
     report = execute_resilient(nb, cwd="/tmp", timeout=60)
     assert report.outcomes[2] is Outcome.OK and "skipped" in str(nb.cells[2].outputs), nb.cells[2].outputs
+
+
+@pytest.mark.parametrize("kind", ["cuda", "cpu"])
+def test_an_unguarded_run_gives_the_tests_the_graders_device(monkeypatch, tmp_path, kind):
+    """With tamper checks off (an instructor's --no-tamper-checks) the tests run in the kernel,
+    where the grader defines `grader_device()` with its own answer: an honest notebook's hidden
+    GPU branch neither fails on a NameError nor depends on the notebook's `device`."""
+    from coursetools.grading import hardware
+    monkeypatch.setenv(hardware.ENV, kind)
+    setup = v4.new_code_cell('import torch\ndevice = torch.device("cpu")')
+    test = _test_cell('d = grader_device()\nprint("grader says", d.type)\nassert d.type == "' + kind + '", d')
+    nb = v4.new_notebook(cells=[setup, test])
+    report = execute_resilient(nb, cwd=tmp_path, timeout=60, guarded=False)
+    assert len(report.outcomes) == 2, report.outcomes
+    assert report.outcomes[1] is Outcome.OK, nb.cells[1].outputs
+    assert f"grader says {kind}" in str(nb.cells[1].outputs), nb.cells[1].outputs
