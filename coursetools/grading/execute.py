@@ -391,7 +391,8 @@ def execute_resilient(
         helpers = "\n\n".join(c.source for c in nb.cells if c.cell_type == "code"
                                and not notebooks.is_test_cell(c) and notebooks.grade_id(c) == "helpers")
         session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd)
-        init = remote.init_code()
+        init = remote.init_code(tuple(c.source for c in nb.cells if c.cell_type == "code"
+                                      and not notebooks.is_test_cell(c) and notebooks.grade_id(c) == "helpers"))
         if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):
             # PyTorch's first operation on the meta device imports hundreds of modules (1.6 s
             # idle, 6-10 s on a loaded machine): done here, under the grader's own time limit,
