@@ -15,6 +15,10 @@ grader's that the student's code must call (a factory, a hook) arrives as a stub
 sends a `callback` answer, and the agent serves the grader's operations until the grader
 says `return` or `raise`.
 
+Tensor and array observations (device, dtype, shape, is_meta, the values of a comparison) are
+read with accessors captured at install, before any student cell ran; a subclass defined
+outside the libraries and the locked helpers cell is refused (ForeignTensorError).
+
 Student code can replace anything here: such tampering can only change what the grader
 observes, never what it expects (hidden tests, their expected values and their messages never
 reach the kernel), and the static review flags code that reaches for this agent.

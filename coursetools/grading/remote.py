@@ -24,9 +24,13 @@ the grader to run that code, with proxies for its arguments. An exception raised
 grader's code reaches the kernel as its type alone, without its message; an assertion that
 fails inside such code fails the test even if the student's code catches it.
 
-Comparisons of tensor values (`torch.equal`, `torch.allclose`,
-`torch.testing.assert_close`) run here, on copies of the tensors' values. Everything else
-the kernel answers is an observation the grader treats as untrusted data.
+A test's `torch`, `np`, `nn` and `F` are the kernel's real modules, imported by name;
+their devices, dtypes and `torch.Size` are this process's own (LOCAL_ATTRS), so an expected
+value is built here. Comparisons of tensor and array values (`torch.equal`, `torch.allclose`,
+`torch.testing.assert_close`, `np.array_equal`, `np.allclose`, `np.testing.assert_*`:
+INTERCEPTS) run here, on copies the agent reads with accessors it captured before any student
+code ran; a subclass of a tensor or array type that the course never makes is refused there.
+Everything else the kernel answers is an observation the grader treats as untrusted data.
 """
 
 from __future__ import annotations
