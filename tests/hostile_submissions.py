@@ -320,3 +320,90 @@ display(HTML("".join(f"&#{ord(c)};&#8203;" for c in _secret)))
 display(Markdown("![pixel](https://tracker.example.org/p.gif?who=me)"))
 display(HTML('<img src="https://tracker.example.org/q.gif"><img src="data:image/png;base64,iVBORw0KGgo=">'))
 '''
+
+
+# -- Round 4: attacks on what the grader expects and observes. Each is an answer cell; the
+# honest part of each answer is wrong (CPU where the test wants CUDA or meta, zeros where it wants
+# ones), so a pass is a forgery.
+
+# The kernel's torch.device replaced through a function parameter (no `torch.x = ...` for the
+# review to see): a test whose expected torch.device("cuda", 0) is built by the kernel's torch
+# gets "cpu", and the answer's cpu passes.
+REPLACED_DEVICE_CLASS = '''
+import torch
+_real_device = torch.device
+class _Device:
+    def __new__(cls, kind, index=None):
+        if str(kind).split(":")[0] in ("cuda", "mps"):
+            return _real_device("cpu")
+        return _real_device(kind) if index is None else _real_device(kind, index)
+def _use(ns, f):
+    ns.device = f
+_use(torch, _Device)
+def pick_device():
+    return _real_device("cpu")
+'''
+
+# A tensor subclass (made with as_subclass) whose __torch_function__ says True to every
+# comparison: torch.allclose / torch.equal run in the kernel answer True for zeros against ones.
+AGREEING_TENSOR = '''
+import torch
+class _Agreeing(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+def make():
+    return torch.zeros(3).as_subclass(_Agreeing)
+'''
+
+# The same for NumPy: an ndarray subclass whose __array_function__ says True to array_equal and
+# allclose.
+AGREEING_ARRAY = '''
+import numpy as np
+class _Agreeing(np.ndarray):
+    def __array_function__(self, func, types, args, kwargs):
+        if func in (np.array_equal, np.allclose):
+            return True
+        return super().__array_function__(func, types, args, kwargs)
+def to_numpy(t):
+    return np.zeros(3).view(_Agreeing)
+'''
+
+# build_on builds on the CPU, then swaps in its own Parameter and Tensor subclasses whose
+# is_meta property says True; nothing of torch is patched.
+META_SUBCLASSES = '''
+import torch
+class _P(torch.nn.Parameter):
+    @property
+    def is_meta(self):
+        return True
+class _T(torch.Tensor):
+    @property
+    def is_meta(self):
+        return True
+def build_on():
+    layer = torch.nn.Linear(2, 2)
+    for name, p in list(layer.named_parameters()):
+        setattr(layer, name, _P(p.detach()))
+    layer.register_buffer("scale", torch.ones(2).as_subclass(_T))
+    return layer
+'''
+
+# The property patch, written with unittest.mock (the plain assignment is flagged by the review),
+# and through an alias found in a list.
+META_MOCK_PATCH = '''
+import torch
+from unittest import mock
+mock.patch.object(torch.Tensor, "is_meta", property(lambda self: True)).start()
+def build_on():
+    return torch.nn.Linear(2, 2)
+'''
+META_LIST_ALIAS = '''
+import torch
+_T = [torch.Tensor][0]
+_T.is_meta = property(lambda self: True)
+def build_on():
+    return torch.nn.Linear(2, 2)
+'''

@@ -15,6 +15,10 @@ grader's that the student's code must call (a factory, a hook) arrives as a stub
 sends a `callback` answer, and the agent serves the grader's operations until the grader
 says `return` or `raise`.
 
+Tensor and array observations (device, dtype, shape, is_meta, the values of a comparison) are
+read with accessors captured at install, before any student cell ran; a subclass defined
+outside the libraries and the locked helpers cell is refused (ForeignTensorError).
+
 Student code can replace anything here: such tampering can only change what the grader
 observes, never what it expects (hidden tests, their expected values and their messages never
 reach the kernel), and the static review flags code that reaches for this agent.
@@ -33,6 +37,103 @@ _BUILTINS = {name: getattr(_builtins, name) for name in (
     "callable", "hasattr", "getattr", "abs", "round", "min", "max", "sum", "any", "all",
     "reversed", "enumerate", "zip", "id", "vars", "divmod", "pow")}
 _OPERATORS = {name for name in dir(_operator) if not name.startswith("_")}
+_type = type
+_issubclass = issubclass
+
+# Observations of a tensor or an array that the grader reads through the library's own
+# accessors, taken when the agent was installed (before any student code ran): a property or
+# method that student code later sets on torch.Tensor or np.ndarray (a patch, mock.patch.object)
+# answers none of them.
+_TENSOR_OBSERVED = frozenset({
+    "device", "dtype", "shape", "is_meta", "is_cuda", "requires_grad", "is_leaf", "grad", "layout",
+    "ndim", "size", "dim", "numel", "stride", "data_ptr", "untyped_storage", "storage_offset",
+    "is_contiguous", "get_device", "element_size", "nbytes", "itemsize", "is_floating_point",
+    "is_complex", "is_pinned", "detach", "cpu", "tolist", "float", "to", "numpy", "clone", "item"})
+_ARRAY_OBSERVED = frozenset({"shape", "dtype", "ndim", "size", "strides", "base", "nbytes", "itemsize",
+                             "flags", "tolist", "copy"})
+_LIB = {}  # what the agent captured of torch and numpy at install
+
+
+def _capture_libraries():
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    try:
+        import numpy
+    except ImportError:
+        numpy = None
+    if torch is not None:
+        accessors = {}
+        for klass in reversed(torch.Tensor.__mro__):
+            accessors.update(vars(klass))
+        _LIB["torch"] = torch
+        _LIB["Tensor"] = torch.Tensor
+        _LIB["tensor_types"] = {torch.Tensor, torch.nn.Parameter}
+        _LIB["tensor_accessors"] = {n: accessors[n] for n in _TENSOR_OBSERVED if n in accessors}
+        _LIB["make_subclass"] = torch.Tensor._make_subclass
+    if numpy is not None:
+        _LIB["numpy"] = numpy
+        _LIB["ndarray"] = numpy.ndarray
+        _LIB["array_accessors"] = {n: vars(numpy.ndarray)[n] for n in _ARRAY_OBSERVED if n in vars(numpy.ndarray)}
+
+
+def _library_class(klass, prefix):
+    """Whether `klass` is a class of the library named `prefix` (torch, numpy), found where its
+    module says: a class a notebook defines is not, whatever it calls itself."""
+    module = str(getattr(klass, "__module__", ""))
+    if module != prefix and not module.startswith(prefix + "."):
+        return False
+    found = _sys.modules.get(module)
+    for part in str(getattr(klass, "__qualname__", "")).split("."):
+        found = getattr(found, part, None)
+    return found is klass
+
+
+class ForeignTensorError(TypeError):
+    """A value of a class the course never makes, where the grader expects a tensor or an array."""
+
+
+def _tensor_kind(value):
+    """'tensor' or 'array' for a tensor or array of the library (or of the course's helpers),
+    'foreign' for a subclass defined elsewhere, None for anything else."""
+    klass = _type(value)
+    tensor = _LIB.get("Tensor")
+    if tensor is not None and _issubclass(klass, tensor):
+        if klass in _LIB["tensor_types"] or _library_class(klass, "torch"):
+            return "tensor"
+        return "foreign"
+    array = _LIB.get("ndarray")
+    if array is not None and _issubclass(klass, array):
+        return "array" if klass is array or _library_class(klass, "numpy") else "foreign"
+    return None
+
+
+def _foreign(value):
+    klass = _type(value)
+    base = "torch.Tensor" if _LIB.get("Tensor") is not None and _issubclass(klass, _LIB["Tensor"]) \
+        else "numpy.ndarray"
+    return ForeignTensorError(
+        f"got an object of class {klass.__name__}, a subclass of {base} defined outside PyTorch, "
+        "NumPy and the course's helpers: the grader does not take it as a tensor or an array")
+
+
+def _observe(value, name):
+    """The attribute `name` of a tensor or array, by the library's own accessor; a missing
+    value when the library's accessors do not cover it."""
+    kind = _tensor_kind(value)
+    if kind is None:
+        return _MISSING
+    if kind == "foreign":
+        raise _foreign(value)
+    table = _LIB.get("tensor_accessors" if kind == "tensor" else "array_accessors", {})
+    accessor = table.get(name)
+    if accessor is None:
+        return _MISSING
+    return accessor.__get__(value, _type(value)) if hasattr(accessor, "__get__") else accessor
+
+
+_MISSING = object()
 
 
 class _GraderIterator:
@@ -89,7 +190,7 @@ class Agent:
                 return base.__name__
         if torch is not None:
             if isinstance(value, torch.Tensor):
-                return "tensor"
+                return "tensor" if _tensor_kind(value) == "tensor" else "object"
         if isinstance(value, type(_sys)):
             return "module"
         if isinstance(value, type):
@@ -316,7 +417,11 @@ class Agent:
         if kind == "import":
             return __import__("importlib").import_module(op["name"])
         if kind == "getattr":
-            return getattr(dec(op["o"]), op["name"])
+            obj, name = dec(op["o"]), op["name"]
+            if name == "__class__":
+                return _type(obj)
+            found = _observe(obj, name)
+            return getattr(obj, name) if found is _MISSING else found
         if kind == "setattr":
             return setattr(dec(op["o"]), op["name"], dec(op["v"]))
         if kind == "delattr":
@@ -369,25 +474,68 @@ class Agent:
             return None
         raise ValueError(f"unknown operation {kind!r}")
 
-    def materialize(self, tensor):
-        torch = _sys.modules["torch"]
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"expected a tensor, got {type(tensor).__name__}")
-        plain = torch.Tensor._make_subclass(torch.Tensor, tensor.detach()) \
-            if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter) else tensor.detach()
-        if plain.numel() > 5_000_000:
+    def materialize(self, value):
+        """A copy of a tensor's or an array's values, read by the accessors captured at install."""
+        kind = _tensor_kind(value)
+        numpy = _LIB.get("numpy")
+        if kind is None and numpy is not None and isinstance(value, numpy.generic) \
+                and _library_class(_type(value), "numpy"):
+            value, kind = numpy.asarray(value), "array"  # a NumPy scalar (np.float32(1.0))
+        if kind == "foreign":
+            raise _foreign(value)
+        if kind is None:
+            return {"other": True}
+        if kind == "array":
+            get = lambda name: _observe(value, name)
+            if get("size") > 5_000_000:
+                raise ValueError("array too large to compare")
+            dtype = get("dtype")
+            if dtype.kind not in "biufc":
+                raise TypeError(f"an array of dtype {dtype} cannot be compared by the grader")
+            values = get("tolist")()
+            if dtype.kind == "c":
+                values = _json.loads(_json.dumps(values, default=lambda z: [z.real, z.imag]))
+            return {"array": True, "dtype": str(dtype), "shape": [int(s) for s in get("shape")],
+                    "values": values}
+        torch = _LIB["torch"]
+        get = lambda t, name: _observe(t, name)
+        plain = get(value, "detach")()
+        if _type(plain) not in _LIB["tensor_types"]:
+            plain = _LIB["make_subclass"](_LIB["Tensor"], plain)
+        if get(plain, "numel")() > 5_000_000:
             raise ValueError("tensor too large to compare")
-        device = str(plain.device)
+        device = get(plain, "device")
+        dtype = get(plain, "dtype")
         values = None
-        if plain.device.type != "meta":
-            values = plain.to("cpu").tolist() if plain.dtype != torch.bfloat16 else plain.float().to("cpu").tolist()
-        return {"dtype": str(plain.dtype).replace("torch.", ""), "shape": [int(s) for s in plain.shape],
-                "device": device, "values": values, "requires_grad": bool(tensor.requires_grad),
-                "layout": str(plain.layout)}
+        if device.type != "meta":
+            cpu = get(plain, "to")("cpu")
+            values = get(get(cpu, "float")() if dtype == torch.bfloat16 else cpu, "tolist")()
+        return {"dtype": str(dtype).replace("torch.", ""), "shape": [int(s) for s in get(plain, "shape")],
+                "device": str(device), "values": values, "requires_grad": bool(get(value, "requires_grad")),
+                "layout": str(get(plain, "layout"))}
 
-
-def install(namespace):
+def install(namespace, trusted_cells=()):
+    """`trusted_cells`: the sha256 of each of the notebook's locked helpers cells. A tensor class
+    such a cell defines (02's StandInAccelTensor) is the course's: recorded when that cell has run,
+    before any cell after it, so a class a student cell defines later under its name is not."""
+    _capture_libraries()
     agent = Agent(namespace)
+    if trusted_cells and "tensor_types" in _LIB:
+        import hashlib
+
+        def after_cell(result):
+            raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
+            if hashlib.sha256(raw.encode()).hexdigest() not in trusted_cells:
+                return
+            for value in list(namespace.values()):
+                if isinstance(value, _type) and _issubclass(value, _LIB["Tensor"]) \
+                        and str(getattr(value, "__module__", "")) == "__main__":
+                    _LIB["tensor_types"].add(value)
+
+        try:
+            _sys.modules["IPython"].get_ipython().events.register("post_run_cell", after_cell)
+        except Exception:
+            pass
     module = type(_sys)("__course_agent__")
     module.serve = agent.serve
     _sys.modules["__course_agent__"] = module

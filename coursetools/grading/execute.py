@@ -399,7 +399,9 @@ def execute_resilient(
         helpers = helpers_source if helpers_source is not None else course_helpers(nb)
         session = remote.TestSession(helpers, (client_kwargs or {}).get("max_output_bytes", 2_000_000), cwd=cwd,
                                      accelerator=hardware.device_type(sandboxed=env is not None))
-        init = remote.init_code()
+        # A tensor class the course's helpers cell defines (02's stand-in) is the course's: the
+        # agent trusts the cell whose text is the course's own, never a submitted variant.
+        init = remote.init_code((helpers,) if helpers else ())
         if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):
             # PyTorch's first operation on the meta device imports hundreds of modules (1.6 s
             # idle, 6-10 s on a loaded machine): done here, under the grader's own time limit,

@@ -24,9 +24,13 @@ the grader to run that code, with proxies for its arguments. An exception raised
 grader's code reaches the kernel as its type alone, without its message; an assertion that
 fails inside such code fails the test even if the student's code catches it.
 
-Comparisons of tensor values (`torch.equal`, `torch.allclose`,
-`torch.testing.assert_close`) run here, on copies of the tensors' values. Everything else
-the kernel answers is an observation the grader treats as untrusted data.
+A test's `torch`, `np`, `nn` and `F` are the kernel's real modules, imported by name;
+their devices, dtypes and `torch.Size` are this process's own (LOCAL_ATTRS), so an expected
+value is built here. Comparisons of tensor and array values (`torch.equal`, `torch.allclose`,
+`torch.testing.assert_close`, `np.array_equal`, `np.allclose`, `np.testing.assert_*`:
+INTERCEPTS) run here, on copies the agent reads with accessors it captured before any student
+code ran; a subclass of a tensor or array type that the course never makes is refused there.
+Everything else the kernel answers is an observation the grader treats as untrusted data.
 """
 
 from __future__ import annotations
@@ -72,10 +76,14 @@ def agent_source() -> str:
     return (Path(__file__).with_name("agent_kernel.py")).read_text()
 
 
-def init_code() -> str:
-    """The grader's first cell: installs the agent in a namespace of its own."""
+def init_code(helpers_cells: tuple[str, ...] = ()) -> str:
+    """The grader's first cell: installs the agent in a namespace of its own. `helpers_cells`:
+    the sources of the notebook's locked helpers cells (a tensor class they define is the
+    course's, agent_kernel.install)."""
+    import hashlib
+    trusted = sorted(hashlib.sha256(c.encode()).hexdigest() for c in helpers_cells)
     return (f"(lambda ns: (exec(compile({agent_source()!r}, '<grader agent>', 'exec', dont_inherit=True), ns),\n"
-            f"             ns['install'](get_ipython().user_ns)))(\n"
+            f"             ns['install'](get_ipython().user_ns, frozenset({trusted!r}))))(\n"
             "    {'__name__': '<grader agent>'})\n"
             "pass")
 
@@ -806,6 +814,9 @@ class ModuleProxy(Proxy):
         local = INTERCEPTS.get(full)
         if local is not None:
             return local
+        local = _local_attr(full)
+        if local is not None:
+            return local
         value = Proxy.__getattr__(self, name)
         if isinstance(value, ModuleProxy) and not object.__getattribute__(value, "_path"):
             object.__setattr__(value, "_path", full)
@@ -941,14 +952,23 @@ class RemoteClass(metaclass=_RemoteClassMeta):
 
 
 def materialize(value: Any) -> Any:
-    """A local copy of a kernel tensor (values, dtype, shape, device); containers recursively."""
+    """A local copy of a kernel tensor or array (values, dtype, shape, device), read in the
+    kernel by the library's own accessors; containers recursively. A tensor or array of a class
+    the course never makes (a subclass a notebook defines) fails here, with a message saying so."""
     import torch
 
     if isinstance(value, Proxy):
         kind = object.__getattribute__(value, "_kind")
-        if kind == "tensor":
+        if kind in ("tensor", "object"):
             info = _ch(value).request({"op": "materialize", "o": _ref(value)})
+            if info.get("other"):
+                return value
+            if info.get("array"):
+                import numpy
+                return numpy.array(info["values"], dtype=info["dtype"]).reshape(info["shape"])
             dtype = getattr(torch, info["dtype"])
+            if not isinstance(dtype, torch.dtype):
+                raise KernelGone(f"unknown dtype {info['dtype']!r} from the kernel")
             device = torch.device(info["device"])
             if info["values"] is None:
                 out = torch.empty(info["shape"], dtype=dtype, device="meta")
@@ -988,11 +1008,58 @@ def _local_assert_close(actual, expected, *args, **kwargs):
     return torch.testing.assert_close(materialize(actual), materialize(expected), *args, **kwargs)
 
 
+def _local_numpy(path: str):
+    """numpy's own `path` (array_equal, allclose, testing.assert_*), run here on copies."""
+    def compare(*args, **kwargs):
+        import numpy
+        fn = numpy
+        for part in path.split(".")[1:]:
+            fn = getattr(fn, part)
+        return fn(*(_as_array(materialize(a)) for a in args),
+                  **{k: _as_array(materialize(v)) for k, v in kwargs.items()})
+    compare.__name__ = path.rsplit(".", 1)[-1]
+    return compare
+
+
+def _as_array(value):
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy() if value.device.type != "meta" else value
+    return value
+
+
 INTERCEPTS: dict[str, Any] = {
     "torch.equal": _local_equal,
     "torch.allclose": _local_allclose,
     "torch.testing.assert_close": _local_assert_close,
+    **{f"numpy.{name}": _local_numpy(f"numpy.{name}") for name in (
+        "array_equal", "array_equiv", "allclose", "isclose", "testing.assert_array_equal",
+        "testing.assert_allclose", "testing.assert_equal", "testing.assert_array_almost_equal",
+        "testing.assert_almost_equal")},
 }
+
+# The names of the kernel's modules that a test uses as the grader's own objects: plain data
+# (devices, dtypes, shapes), so an expected `torch.device("cuda", 0)` is built here, by the
+# grader's torch, whatever the kernel's `torch.device` has become.
+LOCAL_ATTRS = frozenset({"torch.device", "torch.dtype", "torch.Size"})
+
+
+def _local_attr(full: str) -> Any:
+    """The grader's own value for `full` (a torch dtype, torch.device, ...), or None."""
+    if not full.startswith("torch.") or full.count(".") != 1:
+        return None
+    import torch
+    name = full.split(".", 1)[1]
+    found = getattr(torch, name, None)
+    if full in LOCAL_ATTRS or isinstance(found, torch.dtype):
+        return found
+    return None
+
+
+# A test's global names for the libraries (as the notebooks import them): the kernel's real
+# modules, imported by name, whatever the notebook has bound to the name.
+MODULE_GLOBALS = {"torch": "torch", "np": "numpy", "numpy": "numpy", "nn": "torch.nn",
+                  "F": "torch.nn.functional"}
 
 
 # -------------------------------------------------------------------------------------------
@@ -1170,7 +1237,12 @@ def run_test(km, source: str, gid: str, session: TestSession, *, deadline: float
                         and (n not in ns or (n in session.from_kernel and ns[n] is session.from_kernel[n])))
         present = channel.request({"op": "lookup", "names": wanted}) if wanted else ()
         for name in wanted:
-            if name in present:
+            if name in MODULE_GLOBALS:
+                module = channel.request({"op": "import", "name": MODULE_GLOBALS[name]})
+                if isinstance(module, ModuleProxy):
+                    object.__setattr__(module, "_path", MODULE_GLOBALS[name])
+                ns[name] = session.from_kernel[name] = module
+            elif name in present:
                 ns[name] = session.from_kernel[name] = channel.request({"op": "global", "name": name})
             elif name in session.from_kernel and ns.get(name) is session.from_kernel[name]:
                 del ns[name], session.from_kernel[name]
