@@ -47,7 +47,6 @@ import sys
 import time
 import traceback
 import types
-import weakref
 from itertools import accumulate
 from collections import abc as collections_abc
 from dataclasses import dataclass, field
@@ -195,7 +194,9 @@ class Channel:
         self.kept = 0
         self.max_output_bytes = max_output_bytes
         self.reply: dict | None = None
-        self.refs: "weakref.WeakValueDictionary[int, Proxy]" = weakref.WeakValueDictionary()
+        # One Proxy per kernel object for the channel's life, held strongly: a test compares them
+        # by identity (`id(p)` of a parameter taken twice); freed with the channel (close).
+        self.refs: dict[int, "Proxy"] = {}
         self.exception_classes: dict[int, type] = {}
         self.received_chars = 0
         self.callbacks: dict[int, Callable] = {}
