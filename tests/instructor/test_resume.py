@@ -226,7 +226,11 @@ def test_a_killed_worker_is_replaced_and_a_submission_is_given_up_after_three(co
             try:
                 if "coursetools.instructor.localworker" not in " ".join(child.cmdline()):
                     continue
-                busy = any("ipykernel" in " ".join(k.cmdline()) for k in child.children(recursive=True))
+                # A kernel runs: an ipykernel process, or one below the worker's own children (a
+                # kernel forked from the warm zygote, or run inside bwrap, whose command lines
+                # say only "course-zygote" or bwrap's).
+                busy = any("ipykernel" in " ".join(k.cmdline()) or k.ppid() != child.pid
+                           for k in child.children(recursive=True))
             except psutil.Error:
                 continue
             if busy:  # a kernel of this worker runs: the worker is in the middle of a submission
