@@ -198,12 +198,7 @@ class LocalEngine:
                             self.recycled.append(why)
                         print(why, file=log, flush=True)
                         conn.close()
-                        try:
-                            proc.wait(timeout=30)
-                        except subprocess.TimeoutExpired:
-                            proc.kill()
-                            proc.wait()
-                        runguard.waited(proc.pid)
+                        _reap(proc)
                         proc = conn = None
                     results.put(("done", (task, payload)))
                     task = None
@@ -215,12 +210,7 @@ class LocalEngine:
                 if conn is not None:
                     conn.close()
                 if proc is not None:
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
-                    runguard.waited(proc.pid)
+                    _reap(proc)
 
         slots = min(self.jobs, len(jobs))
         threads = [threading.Thread(target=slot, args=(i,), daemon=True) for i in range(slots)]
@@ -332,3 +322,14 @@ class DaskEngine:
             self.client.close()
             if self.cluster is not None:
                 self.cluster.close()
+
+
+def _reap(proc) -> None:
+    """Wait for a worker that was told to end (30 s), kill it if it does not, and tell the run
+    guard it is gone."""
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    runguard.waited(proc.pid)
