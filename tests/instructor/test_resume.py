@@ -226,11 +226,10 @@ def test_a_killed_worker_is_replaced_and_a_submission_is_given_up_after_three(co
             try:
                 if "coursetools.instructor.localworker" not in " ".join(child.cmdline()):
                     continue
-                # A kernel runs: an ipykernel process, or one below the worker's own children (a
-                # kernel forked from the warm zygote, or run inside bwrap, whose command lines
-                # say only "course-zygote" or bwrap's).
-                busy = any("ipykernel" in " ".join(k.cmdline()) or k.ppid() != child.pid
-                           for k in child.children(recursive=True))
+                # A kernel runs: an ipykernel process, or a kernel forked from the warm zygote
+                # (both it and its parent are named "course-zygote"; the idle zygote's parent is
+                # the worker's bash wrapper, so a warming worker is not taken for a busy one).
+                busy = any(_is_kernel(k) for k in child.children(recursive=True))
             except psutil.Error:
                 continue
             if busy:  # a kernel of this worker runs: the worker is in the middle of a submission
@@ -255,3 +254,15 @@ def test_a_killed_worker_is_replaced_and_a_submission_is_given_up_after_three(co
     assert _scores(course, students[1:]) == {s: expected[s] for s in students[1:]}
     assert not run.left_running(), run.left_running()
     print(f"{kills} workers killed: {lost} reported after {engines.MAX_ATTEMPTS}, the rest graded once")
+
+
+def _is_kernel(process) -> bool:
+    import psutil
+    try:
+        if "ipykernel" in " ".join(process.cmdline()):
+            return True
+        parent = process.parent()
+        return (parent is not None and " ".join(process.cmdline()).strip() == "course-zygote"
+                and " ".join(parent.cmdline()).strip() == "course-zygote")
+    except psutil.Error:
+        return False
