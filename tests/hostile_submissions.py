@@ -407,3 +407,39 @@ _T.is_meta = property(lambda self: True)
 def build_on():
     return torch.nn.Linear(2, 2)
 '''
+
+# Round 4 (issue 54), the agent found by its name and its encoder replaced so that the wrong
+# answer's 3 reaches the grader as the 2 the test expects.
+AGENT_BY_NAME = '''
+import pydoc
+_a = pydoc.locate("__course_agent__")
+if _a is not None:
+    _agent = _a.serve.__self__
+    _enc = _agent.enc
+    _agent.enc = lambda value, depth=0: 2 if value == 3 else _enc(value, depth)
+def f():
+    return 3
+'''
+
+# A test's expected tensor built by a factory the answer rebound (through a parameter, which no
+# spelling check sees): torch.ones makes zeros, so the wrong answer's zeros equal it.
+REBOUND_FACTORY = '''
+import torch
+_zeros = torch.zeros
+def _use(ns, name, f):
+    setattr(ns, name, f)
+_use(torch, "ones", lambda *a, **k: _zeros(*a, **k))
+def make():
+    return torch.zeros(3)
+'''
+
+# The library's tensor class rebound to `object`: every value is then "a tensor" to a test that
+# asks isinstance(x, torch.Tensor).
+REBOUND_TENSOR_CLASS = '''
+import torch
+def _use(ns, f):
+    ns.Tensor = f
+_use(torch, object)
+def make():
+    return [1.0, 1.0, 1.0]
+'''

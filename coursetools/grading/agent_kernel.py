@@ -37,6 +37,13 @@ _BUILTINS = {name: getattr(_builtins, name) for name in (
     "callable", "hasattr", "getattr", "abs", "round", "min", "max", "sum", "any", "all",
     "reversed", "enumerate", "zip", "id", "vars", "divmod", "pow")}
 _OPERATORS = {name for name in dir(_operator) if not name.startswith("_")}
+# The builtins this code calls, bound here when the agent is installed (before any student code):
+# a student's `builtins.isinstance = ...` changes what the student's code sees, not the agent.
+globals().update({name: getattr(_builtins, name) for name in (
+    "isinstance", "issubclass", "type", "getattr", "setattr", "delattr", "hasattr", "str", "int",
+    "float", "bool", "len", "list", "tuple", "dict", "set", "frozenset", "repr", "id", "iter",
+    "next", "abs", "slice", "bytes", "range", "super", "BaseException", "Exception", "ValueError",
+    "TypeError", "KeyError", "NameError", "KeyboardInterrupt", "SystemExit", "object", "vars")})
 _type = type
 _issubclass = issubclass
 
@@ -52,6 +59,10 @@ _TENSOR_OBSERVED = frozenset({
 _ARRAY_OBSERVED = frozenset({"shape", "dtype", "ndim", "size", "strides", "base", "nbytes", "itemsize",
                              "flags", "tolist", "copy"})
 _LIB = {}  # what the agent captured of torch and numpy at install
+# The library modules a test names (torch, nn, F, np): their attributes as they were at install,
+# so a test's `torch.ones`, `torch.Tensor`, `nn.Parameter` or `np.ndarray` is the library's own
+# even where the student's code has rebound the module's attribute (or sys.modules' entry).
+_CAPTURED_MODULES = ("torch", "torch.nn", "torch.nn.functional", "torch.testing", "numpy")
 
 
 def _capture_libraries():
@@ -72,6 +83,15 @@ def _capture_libraries():
         _LIB["tensor_types"] = {torch.Tensor, torch.nn.Parameter}
         _LIB["tensor_accessors"] = {n: accessors[n] for n in _TENSOR_OBSERVED if n in accessors}
         _LIB["make_subclass"] = torch.Tensor._make_subclass
+        # torch's names as they were at install (torch.Tensor, torch.device, torch.tensor, ...):
+        # what the agent itself uses of torch, whatever the student's code rebinds later.
+        _LIB["T"] = type("CapturedTorch", (), dict(vars(torch)))
+    _LIB["modules"], _LIB["module_attrs"] = {}, {}
+    for name in _CAPTURED_MODULES:
+        module = _sys.modules.get(name)
+        if module is not None:
+            _LIB["modules"][name] = module
+            _LIB["module_attrs"][name] = dict(vars(module))
     if numpy is not None:
         _LIB["numpy"] = numpy
         _LIB["ndarray"] = numpy.ndarray
@@ -181,7 +201,7 @@ class Agent:
         return number
 
     def kind(self, value):
-        torch = _sys.modules.get("torch")
+        torch = _LIB.get("T")
         kind = type(value)
         if kind in (list, dict, set, frozenset):
             return kind.__name__
@@ -229,7 +249,7 @@ class Agent:
             return {"$": "ellipsis"}
         if kind is slice:
             return {"$": "slice", "v": [self.enc(value.start), self.enc(value.stop), self.enc(value.step)]}
-        torch = _sys.modules.get("torch")
+        torch = _LIB.get("T")
         if torch is not None:
             if kind is torch.device:
                 return {"$": "device", "v": str(value)}
@@ -290,14 +310,17 @@ class Agent:
         if tag == "range":
             return range(*value["v"])
         if tag == "device":
-            return _sys.modules["torch"].device(value["v"])
+            return _LIB["T"].device(value["v"])
         if tag == "dtype":
-            return getattr(_sys.modules["torch"], value["v"])
+            found = vars(_LIB["T"]).get(value["v"])
+            if not isinstance(found, _LIB["T"].dtype):
+                raise ValueError(f"no dtype torch.{value['v']}")
+            return found
         if tag == "size":
-            return _sys.modules["torch"].Size(value["v"])
+            return _LIB["T"].Size(value["v"])
         if tag == "tensor":
-            torch = _sys.modules["torch"]
-            dtype = getattr(torch, value["dtype"])
+            torch = _LIB["T"]
+            dtype = vars(torch)[value["dtype"]]
             if value["values"] is None:
                 return torch.empty(value["shape"], dtype=dtype, device=value["device"])
             return torch.tensor(value["values"], dtype=dtype).reshape(value["shape"]).to(value["device"])
@@ -415,7 +438,16 @@ class Agent:
         if kind == "builtin_object":
             return getattr(_builtins, op["name"])
         if kind == "import":
-            return __import__("importlib").import_module(op["name"])
+            found = _LIB.get("modules", {}).get(op["name"])
+            return found if found is not None else __import__("importlib").import_module(op["name"])
+        if kind == "libattr":  # an attribute of a library module, as it was at install
+            found = _LIB.get("module_attrs", {}).get(op["m"], {}).get(op["name"], _MISSING)
+            if found is not _MISSING:
+                return found
+            module = _LIB.get("modules", {}).get(op["m"])
+            if module is None:
+                module = __import__("importlib").import_module(op["m"])
+            return getattr(module, op["name"])
         if kind == "getattr":
             obj, name = dec(op["o"]), op["name"]
             if name == "__class__":
@@ -514,7 +546,7 @@ class Agent:
                 "device": str(device), "values": values, "requires_grad": bool(get(value, "requires_grad")),
                 "layout": str(get(plain, "layout"))}
 
-def install(namespace, trusted_cells=()):
+def install(namespace, trusted_cells=(), name="__course_agent__"):
     """`trusted_cells`: the sha256 of each of the notebook's locked helpers cells. A tensor class
     such a cell defines (02's StandInAccelTensor) is the course's: recorded when that cell has run,
     before any cell after it, so a class a student cell defines later under its name is not."""
@@ -536,7 +568,7 @@ def install(namespace, trusted_cells=()):
             _sys.modules["IPython"].get_ipython().events.register("post_run_cell", after_cell)
         except Exception:
             pass
-    module = type(_sys)("__course_agent__")
+    module = type(_sys)(name)
     module.serve = agent.serve
-    _sys.modules["__course_agent__"] = module
+    _sys.modules[name] = module
     return agent

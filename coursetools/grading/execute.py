@@ -401,7 +401,7 @@ def execute_resilient(
                                      accelerator=hardware.device_type(sandboxed=env is not None))
         # A tensor class the course's helpers cell defines (02's stand-in) is the course's: the
         # agent trusts the cell whose text is the course's own, never a submitted variant.
-        init = remote.init_code((helpers,) if helpers else ())
+        init = remote.init_code((helpers,) if helpers else (), session.agent_name)
         if any("meta" in c.source for c in nb.cells if c.cell_type == "code"):
             # PyTorch's first operation on the meta device imports hundreds of modules (1.6 s
             # idle, 6-10 s on a loaded machine): done here, under the grader's own time limit,

@@ -56,8 +56,20 @@ from typing import Any, Callable
 
 from coursetools.grading import hardware, hints
 
-AGENT_NAME = "__course_agent__"
-SERVE_CODE = f"__import__('sys').modules[{AGENT_NAME!r}].serve()"
+# The agent's module is registered under a name drawn for each notebook graded, so a submission
+# cannot look it up by a name it knows (`pydoc.locate("__course_agent__")`); the prefix lets the
+# static review recognise code that goes looking for it (review._AGENT_NAMES).
+AGENT_PREFIX = "__course_agent_"
+
+
+def agent_name() -> str:
+    import secrets
+    return f"{AGENT_PREFIX}{secrets.token_hex(12)}__"
+
+
+def serve_code(name: str) -> str:
+    return f"__import__('sys').modules[{name!r}].serve()"
+
 TEST_FILE = "<grader test {}>"
 HELPERS_FILE = "<grader helpers>"
 
@@ -75,14 +87,14 @@ def agent_source() -> str:
     return (Path(__file__).with_name("agent_kernel.py")).read_text()
 
 
-def init_code(helpers_cells: tuple[str, ...] = ()) -> str:
-    """The grader's first cell: installs the agent in a namespace of its own. `helpers_cells`:
-    the sources of the notebook's locked helpers cells (a tensor class they define is the
-    course's, agent_kernel.install)."""
+def init_code(helpers_cells: tuple[str, ...] = (), name: str | None = None) -> str:
+    """The grader's first cell: installs the agent in a namespace of its own, as the module
+    `name` (agent_name()). `helpers_cells`: the sources of the notebook's locked helpers cells
+    (a tensor class they define is the course's, agent_kernel.install)."""
     import hashlib
     trusted = sorted(hashlib.sha256(c.encode()).hexdigest() for c in helpers_cells)
     return (f"(lambda ns: (exec(compile({agent_source()!r}, '<grader agent>', 'exec', dont_inherit=True), ns),\n"
-            f"             ns['install'](get_ipython().user_ns, frozenset({trusted!r}))))(\n"
+            f"             ns['install'](get_ipython().user_ns, frozenset({trusted!r}), {name or agent_name()!r})))(\n"
             "    {'__name__': '<grader agent>'})\n"
             "pass")
 
@@ -116,8 +128,7 @@ class AnswerTooLarge(Exception):
     """The kernel sent more than the grader reads. Costs the test that asked (kept in
     Channel.failures, so a test that catches it still fails)."""
 
-    def __init__(self, limit: int, what: str):
-        super().__init__(f"the answer sent more than {limit:,} {what} to the grader")
+    # Each message is one f-string: the Chinese edition translates it (testmessages.GRADER_MODULES).
 
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
@@ -130,14 +141,14 @@ def check_answer(text: str) -> None:
     then its items (commas and openings outside strings), then its nesting; all counted on
     the text, without building a single value of it."""
     if len(text) > MAX_ANSWER_CHARS:
-        raise AnswerTooLarge(MAX_ANSWER_CHARS, "characters")
+        raise AnswerTooLarge(f"the answer sent more than {MAX_ANSWER_CHARS:,} characters to the grader")
     bare = _JSON_STRING.sub('""', text) if '"' in text else text
     if bare.count(",") + bare.count("[") + bare.count("{") > MAX_ANSWER_ITEMS:
-        raise AnswerTooLarge(MAX_ANSWER_ITEMS, "items")
+        raise AnswerTooLarge(f"the answer sent more than {MAX_ANSWER_ITEMS:,} items to the grader")
     brackets = _NOT_BRACKET.sub("", bare)
     if len(brackets) > MAX_ANSWER_DEPTH and \
             max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_ANSWER_DEPTH:
-        raise AnswerTooLarge(MAX_ANSWER_DEPTH, "levels of nesting")
+        raise AnswerTooLarge(f"the answer sent more than {MAX_ANSWER_DEPTH:,} levels of nesting to the grader")
 
 
 # -------------------------------------------------------------------------------------------
@@ -177,9 +188,10 @@ class Channel:
     kernel's exception classes (at most MAX_EXCEPTION_CLASSES). An answer over the limits of
     check_answer is refused before it is decoded."""
 
-    def __init__(self, km, deadline: float, max_output_bytes: int = 2_000_000):
+    def __init__(self, km, deadline: float, max_output_bytes: int = 2_000_000, agent: str = ""):
         from jupyter_client.session import Session
 
+        self.serve_code = serve_code(agent)
         self.km = km
         info = km.get_connection_info()
         self.kc = _client_class()(session=Session(key=km.session.key,
@@ -324,7 +336,7 @@ class Channel:
 
     def start(self) -> None:
         self.idle = False
-        self.msg_id = self.kc.execute(SERVE_CODE, silent=True, store_history=False, allow_stdin=True)
+        self.msg_id = self.kc.execute(self.serve_code, silent=True, store_history=False, allow_stdin=True)
         first = self._wait_prompt()
         if not first.get("ready"):
             raise KernelGone("the kernel's agent did not answer")
@@ -539,7 +551,8 @@ def exception_class(channel: Channel, name: str, module: str, mro: list[str], re
     found = channel.exception_classes.get(remote_id)
     if found is None:
         if len(channel.exception_classes) >= MAX_EXCEPTION_CLASSES:
-            exc = AnswerTooLarge(MAX_EXCEPTION_CLASSES, "exception classes")
+            exc = AnswerTooLarge(
+                f"the answer sent more than {MAX_EXCEPTION_CLASSES:,} exception classes to the grader")
             channel.failures.append(exc)
             raise exc
         base = Exception
@@ -818,7 +831,12 @@ class ModuleProxy(Proxy):
         local = _local_attr(full)
         if local is not None:
             return local
-        value = Proxy.__getattr__(self, name)
+        if path in CAPTURED_MODULES:
+            # The library's attribute as the agent found it at install, before any student code
+            # (agent_kernel._CAPTURED_MODULES): a rebound `torch.ones` or `torch.Tensor` is not it.
+            value = _ch(self).request({"op": "libattr", "m": path, "name": name})
+        else:
+            value = Proxy.__getattr__(self, name)
         if isinstance(value, ModuleProxy) and not object.__getattribute__(value, "_path"):
             object.__setattr__(value, "_path", full)
         return value
@@ -1039,6 +1057,10 @@ INTERCEPTS: dict[str, Any] = {
         "testing.assert_almost_equal")},
 }
 
+# Modules whose attributes a test gets as the agent captured them at install
+# (agent_kernel._CAPTURED_MODULES).
+CAPTURED_MODULES = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.testing", "numpy"})
+
 # The names of the kernel's modules that a test uses as the grader's own objects: plain data
 # (devices, dtypes, shapes), so an expected `torch.device("cuda", 0)` is built here, by the
 # grader's torch, whatever the kernel's `torch.device` has become.
@@ -1120,6 +1142,7 @@ class TestSession:
     def __init__(self, helpers_source: str = "", max_output_bytes: int = 2_000_000,
                  cwd: str | os.PathLike | None = None, accelerator: str = "cpu"):
         self.helpers_source = helpers_source
+        self.agent_name = agent_name()  # the agent's module in this notebook's kernels (init_code)
         # The grader's word on the kernel's GPU (coursetools/grading/hardware.py).
         self.accelerator = accelerator
         # The kernel's working folder: a test that opens a file the assignment ships
@@ -1137,7 +1160,7 @@ class TestSession:
         if self.channel is None or km is not self.km:
             self.close()
             self.km = km
-            self.channel = Channel(km, deadline, self.max_output_bytes)
+            self.channel = Channel(km, deadline, self.max_output_bytes, self.agent_name)
             self.channel.sent = self.sent
             self.channel.received = self.received
             self.namespace = {}

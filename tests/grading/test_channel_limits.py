@@ -60,10 +60,12 @@ print("RESULT " + json.dumps({"before": before, "peak": peak, "after": status("V
 '''
 
 # The agent's encoder replaced: every answer after the first is 1,500,000 empty lists (6 MB of
-# JSON; decoded, over 200 MiB in the grader).
+# JSON; decoded, over 200 MiB in the grader). The agent's module has a name drawn per notebook;
+# a determined student finds it among the modules all the same.
 EMPTY_LISTS = ("def f():\n"
                "    import sys\n"
-               "    agent = sys.modules['__course_agent__'].serve.__self__\n"
+               "    agent = next(m for n, m in list(sys.modules.items()) if hasattr(m, 'serve') and\n"
+               "                 n.startswith('__course')).serve.__self__\n"
                "    agent.enc = lambda value, depth=0: [[] for _ in range(1_500_000)]\n"
                "    return 2")
 # Within the agent's own caps (10,000 items a tuple): 20,000 fresh exception classes, each of

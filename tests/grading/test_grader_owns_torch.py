@@ -59,6 +59,16 @@ ATTACKS = {
         H.META_MOCK_PATCH, META_TESTS, "def build_on():\n    return nn.Linear(2, 2, device='meta')"),
     "is_meta set through [torch.Tensor][0]": (
         H.META_LIST_ALIAS, META_TESTS, "def build_on():\n    return nn.Linear(2, 2, device='meta')"),
+    # The agent's module has a name drawn for each notebook: the known name finds nothing.
+    "the agent found by its name, its encoder replaced": (
+        H.AGENT_BY_NAME, ["assert f() == 2, 'two'"], "def f():\n    return 2"),
+    # A test's torch.ones and torch.Tensor are the library's, as the agent found them at install.
+    "torch.ones rebound through a parameter": (
+        H.REBOUND_FACTORY, ALLCLOSE_TESTS[:2], "def make():\n    return torch.ones(3)"),
+    "torch.Tensor rebound through a parameter": (
+        H.REBOUND_TENSOR_CLASS, ["assert isinstance(make(), torch.Tensor), 'a tensor'",
+                                 "assert isinstance(make(), (torch.Tensor, np.ndarray)), 'a tensor'"],
+        "def make():\n    return torch.ones(3)"),
 }
 
 
