@@ -29,6 +29,10 @@ def dask_setup(worker=None) -> None:
     from coursetools import layout
     from coursetools.instructor import gradejob
 
+    # The same memory cap as a local grading worker (gradejob.cap_memory, COURSE_WORKER_MEMORY_MIB);
+    # a worker that a submission left holding more than COURSE_WORKER_RECYCLE_MIB is restarted by
+    # grade-class through its nanny (engines.DaskEngine._recycle).
+    cap = gradejob.cap_memory()
     config = PyFileConfigLoader("nbgrader_config.py", path=str(layout.ROOT)).load_config()
     seconds = gradejob.ensure_ready(pickle.dumps(config))  # raises PreflightError: the worker does not start
-    logger.info("grading preflight passed in %.1f s; %s", seconds, gradejob._STATE["sandbox"])
+    logger.info("grading preflight passed in %.1f s; %s; heap cap %s MiB", seconds, gradejob._STATE["sandbox"], cap)

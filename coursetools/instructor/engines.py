@@ -262,9 +262,21 @@ class DaskEngine:
         self.log_path = log_path
         self.stopping = threading.Event()
         self.ready: list[str] = []
+        self.recycled: list[str] = []  # workers restarted after a submission left them too big
 
     def stop(self) -> None:
         self.stopping.set()
+
+    def _recycle(self, outcome: gradejob.Outcome) -> None:
+        """Restart the worker that graded `outcome` (its nanny starts a fresh process), so the
+        memory a submission left behind is no other student's. A worker without a nanny
+        (`dask worker --no-nanny`) is closed instead: the scheduler gives its work to the others."""
+        result = self.client.restart_workers([outcome.address], raise_for_error=False)
+        state = result.get(outcome.address, "restarted") if isinstance(result, dict) else "restarted"
+        why = f"worker {outcome.worker} ({outcome.address}) replaced: {outcome.retire} [{state}]"
+        self.recycled.append(why)
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            print(why, file=log)
 
     def workers(self) -> list[str]:
         return sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
@@ -315,6 +327,8 @@ class DaskEngine:
                     future.release()
                 if outcome.sandbox and outcome.sandbox not in self.ready:
                     self.ready.append(outcome.sandbox)
+                if outcome.retire and outcome.address:
+                    self._recycle(outcome)
                 yield job, outcome
         finally:
             self.stop()

@@ -96,6 +96,10 @@ class Outcome:
     worker: str = ""
     sandbox: str = ""  # how this worker's kernels are contained (sandbox.describe)
     out_of_memory: bool = False  # the worker hit its memory cap on this submission
+    # On a Dask worker: its address, and why it must be replaced after this submission
+    # (retire_reason; DaskEngine asks the worker's nanny for a fresh process).
+    address: str = ""
+    retire: str = ""
 
 
 def files_digest(files: dict[str, bytes]) -> str:
@@ -411,4 +415,18 @@ def grade(task: Task) -> Outcome:
         finally:
             shutil.rmtree(root, ignore_errors=True)
         outcome.seconds = time.monotonic() - start
+        outcome.address = _dask_address()
+        if outcome.address:  # a local worker decides for itself (coursetools/instructor/localworker.py)
+            outcome.retire = retire_reason(outcome) or ""
         return outcome
+
+
+def _dask_address() -> str:
+    """The address of the Dask worker running this task, or "" outside one."""
+    if "distributed" not in sys.modules:
+        return ""
+    try:
+        from distributed import get_worker
+        return str(get_worker().address)
+    except (ImportError, ValueError):
+        return ""

@@ -193,3 +193,34 @@ def test_the_kubernetes_manifest_starts_a_worker_that_joins(tmp_path):
         assert "grading preflight passed" in (tmp_path / "k8s-w0.log").read_text(), cluster.tail()
     finally:
         cluster.stop()
+
+
+# A LocalCluster of one worker with a nanny (`--scheduler local`), and a recycling threshold every
+# worker passes (1 MiB): after each submission grade-class asks the worker's nanny for a fresh
+# process, as it does for a worker a hostile answer left holding memory (issue 54). Two
+# submissions of 02: about a minute and a half on the loaded 2-core machine.
+@pytest.mark.timeout(900, method="thread")
+def test_a_dask_worker_past_the_memory_threshold_is_restarted_between_submissions(tmp_path):
+    from coursetools.instructor import gradejob
+
+    course = NbgraderCourse(tmp_path / "course", [A])
+    source = notebooks.read(layout.source_notebook(A))
+    total = sum(notebooks.points(c) for c in notebooks.test_cells(source))
+    course.submit("ada", A, fixtures.solved_release(A))
+    course.submit("cy", A, notebooks.read(layout.release_notebook(A)))
+    env = {**layout.env_with_course_tools(), gradejob.WORKER_RECYCLE_ENV: "1"}
+    if not sandbox.bwrap_works()[0]:
+        env[sandbox.ALLOW_ROOT_ENV] = "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "coursetools.instructor.classroom", A, "--course", str(course.root),
+         "--scheduler", "local", "--jobs", "1"],
+        cwd=layout.ROOT, env=env, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    logs = "".join(p.read_text(errors="replace") for p in course.root.rglob("grading.log"))
+    replaced = [line for line in logs.splitlines() if " replaced: " in line]
+    assert len(replaced) == 2 and all("more than 1 MiB" in line and "[OK]" in line for line in replaced), \
+        logs[-3000:]
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course.root / 'gradebook.db'}") as gb:
+        scores = {s: gb.find_submission_notebook(A, A, s).score for s in ("ada", "cy")}
+    assert scores == {"ada": total, "cy": 0}, scores
