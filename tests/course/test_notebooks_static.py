@@ -359,9 +359,9 @@ def test_answers_that_do_nothing_score_zero(name, tmp_path):
 # -- what a hidden test hands an answer is visible to it -------------------------------------------
 # The arguments of each call reach the student's code in the kernel, which may record and print
 # them (docs/GRADING_SECURITY.md says so). So a hidden test hands an answer data (a device name, a
-# key, "batch-7"), never a phrase that could say what the test checks. Known exceptions, each
-# only an input: a str leaf that move_to must hand back unchanged.
-PROSE_ARGUMENTS_KNOWN = {("02_to_semantics", "test_move_to_structure", "just a string")}
+# key, "batch-7"), never a phrase that could say what the test checks. Known exceptions: none
+# (02's str leaf that move_to must hand back unchanged is "sample-42" since issue 54).
+PROSE_ARGUMENTS_KNOWN: set[tuple[str, str, str]] = set()
 
 
 def hidden_literal_arguments(nb) -> list[tuple[str, int, str, str]]:
