@@ -137,6 +137,33 @@ def ensure_env(dev: bool) -> Path:
     A stamp per layer (the course's packages; the tests' packages on top) records what was
     installed, so each command reinstalls only when a requirements file changed.
     """
+    with _env_lock():
+        return _ensure_env(dev)
+
+
+def _env_lock():
+    """One make.py at a time installs into .venv (CI fetches the test-torch environments while
+    the suite runs, and both start by making sure .venv is ready); a no-op where there is no
+    fcntl (Windows), where a learner runs one command at a time anyway."""
+    import contextlib
+    try:
+        import fcntl
+    except ImportError:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def locked():
+        with open(ROOT / ".venv.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    return locked()
+
+
+def _ensure_env(dev: bool) -> Path:
     py = venv_python()
     if not py.exists():
         print(f"Creating the virtual environment {VENV} ...", flush=True)

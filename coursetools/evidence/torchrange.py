@@ -149,10 +149,22 @@ def table(times_file: Path) -> tuple[list[str], int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make.py test-torch", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("release", help="a release (2.9.1) or lowest / newest / tested (course.toml)")
+    parser.add_argument("release", nargs="+",
+                        help="a release (2.9.1) or lowest / newest / tested (course.toml); several with --prepare")
     parser.add_argument("-k", dest="keyword", help="only the notebooks this pytest -k expression selects")
+    parser.add_argument("--prepare", action="store_true",
+                        help="only make (or reuse) each release's environment, run nothing: CI fetches "
+                             "them while the suite runs")
     args = parser.parse_args(argv)
-    version = resolve(args.release)
+    if args.prepare:
+        for release in args.release:
+            start = time.perf_counter()
+            ensure_venv(resolve(release))
+            print(f"torch {resolve(release)}: environment ready after {time.perf_counter() - start:.0f} s", flush=True)
+        return 0
+    if len(args.release) != 1:
+        parser.error("one release at a time (several only with --prepare)")
+    version = resolve(args.release[0])
     cfg = layout.config()
     inside = Version(version) in SpecifierSet(cfg.torch_supported)
     print(f"torch {version}: {'inside' if inside else 'OUTSIDE'} the supported range "
