@@ -133,6 +133,49 @@ def test_glossary_check_flags_english_terms_and_allows_code_and_kept_terms():
         assert not checks.glossary_problems(fine, terms), fine
 
 
+ONE_NAME = [  # (the glossary's name, a rendering it avoids): issue 55, one name per idea
+    ("在 CPU 版 PyTorch 上", "在只有 CPU 的构建上"), ("安装的是 CPU 版 PyTorch", "安装的是只支持 CPU 的 PyTorch"),
+    ("说出漏搬的张量在哪里创建", "说出放错设备的张量在哪里创建"), ("用假张量演示", "用伪张量演示"),
+    ("是同一类 bug", "是同一类缺陷"), ("测试设备也有 bug", "测试设备也有漏洞"),
+    ("Tensor Core（张量核心）按分块工作", "张量核心按分块工作"), ("嵌入（embedding）表在 GPU 上", "embedding 表在 GPU 上"),
+    ("嵌入（embedding）表在 GPU 上", "嵌入表在 GPU 上"),  # the first 嵌入 of a file says what it is
+]
+
+
+def _cheatsheet_saying(tmp_path, words: str) -> list[str]:
+    """po_problems of an edition that is the cheat-sheet whose first paragraph ends with `words`."""
+    import shutil
+
+    for d in ("solutions", "course", "locale/zh_CN/docs"):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / checks.GLOSSARY, tmp_path / checks.GLOSSARY)
+    shutil.copy(ROOT / "CHEATSHEET.md", tmp_path / "CHEATSHEET.md")
+    po = catalog.load(ROOT / "locale/zh_CN/docs/CHEATSHEET.po")
+    entry = next(e for e in po.translated_entries() if e.msgctxt is None and e.msgid[0].isalpha())
+    entry.msgstr += f"例如：{words}。"
+    catalog.write(po, tmp_path / "locale/zh_CN/docs/CHEATSHEET.po")
+    return checks.po_problems(tmp_path)
+
+
+@pytest.mark.parametrize("chosen,avoided", ONE_NAME, ids=[a for _, a in ONE_NAME])
+def test_one_name_per_idea_a_po_with_the_avoided_name_fails(tmp_path, chosen, avoided):
+    assert not _cheatsheet_saying(tmp_path, chosen), chosen
+    problems = _cheatsheet_saying(tmp_path, avoided)
+    assert problems and all("CHEATSHEET.po" in p for p in problems), avoided
+
+
+def test_one_name_per_idea_first_use_and_what_stays_allowed():
+    terms = checks.glossary(ROOT)
+    by = {t.english: t for t in terms}
+    assert by["embedding"].first_use == "嵌入（embedding）" and by["tensor core"].first_use == "Tensor Core（张量核心）"
+    assert checks.first_use_problems(["嵌入表在 GPU 上", "嵌入（embedding）表"], terms), "嵌入 before its first use"
+    assert checks.first_use_problems(["先是 Tensor Core，", "后是 Tensor Core（张量核心）"], terms)
+    assert not checks.first_use_problems(["嵌入（embedding）表在 GPU 上", "嵌入表", "Tensor Core（张量核心）", "Tensor Core"], terms)
+    for fine in ("针对操作系统内核的漏洞利用不在考虑范围之内", "在只有 CPU 的机器上", "嵌入表和 `nn.Embedding`",
+                 "Tensor Core 上以 TF32 运行", "一个 bug"):
+        assert not checks.glossary_problems(fine, terms), fine
+
+
 def test_gpu_memory_is_xiancun_and_the_check_says_so():
     """A GPU's memory is 显存 and running out of it 显存不足（OOM）; 内存 is host RAM (issue 38:
     the edition wrote GPU 内存 and 内存不足, erasing the host/device distinction)."""

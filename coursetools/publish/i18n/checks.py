@@ -7,8 +7,11 @@
 * code comments and docstrings: nothing that would end the comment or the string;
 * the glossary (locale/zh_CN/glossary.csv): no English term in Chinese prose where the
   glossary has a Chinese one (code spans, link targets, HTML, URLs, "quoted English" and the
-  terms the glossary keeps in English, such as CUDA or GPU, are allowed), and none of the
-  Chinese renderings the glossary says to avoid.
+  terms the glossary keeps in English, such as CUDA or GPU, are allowed), none of the
+  Chinese renderings the glossary says to avoid (an `avoid` entry is a literal string, or a
+  regular expression written `re:PATTERN`), and, for a term with a `first_use` form (嵌入
+  （embedding）, Tensor Core（张量核心）), that form at the term's first occurrence in each file
+  (issue 55: one name per idea).
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ class Term:
     chinese: str
     avoid: list[str]
     note: str
+    first_use: str = ""  # the form the first occurrence in a file takes: 嵌入（embedding）
+
+    def avoided(self, prose: str):
+        """(variant, match) for each rendering to avoid found in `prose`."""
+        for variant in self.avoid:
+            pattern = re.compile(variant[3:]) if variant.startswith("re:") else re.compile(re.escape(variant))
+            for match in pattern.finditer(prose):
+                yield variant, match
 
     @property
     def kept_in_english(self) -> bool:
@@ -43,7 +54,8 @@ def glossary(root: Path = layout.ROOT) -> list[Term]:
     with open(root / GLOSSARY, encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh))
     return [Term(r["english"].strip(), r["chinese"].strip(),
-                 [a.strip() for a in (r.get("avoid") or "").split(";") if a.strip()], (r.get("note") or "").strip())
+                 [a.strip() for a in (r.get("avoid") or "").split(";") if a.strip()], (r.get("note") or "").strip(),
+                 (r.get("first_use") or "").strip())
             for r in rows if r.get("english", "").strip()]
 
 
@@ -80,15 +92,21 @@ def glossary_problems(text: str, terms: list[Term], msgid: str = "", english_ter
     for cell in _quoted_cells(msgid, text):
         text = text.replace(cell, " ")
     prose = chinese_prose(text)
+    # the forms the glossary chooses are fine wherever they stand: 嵌入（embedding）, and a name kept
+    # in English is no English term ("Tensor Core" is not the English "tensor")
+    for chosen in sorted({t.first_use for t in terms if t.first_use}, key=len, reverse=True):
+        prose = prose.replace(chosen, " ")
+    for term in terms:
+        if term.kept_in_english and " " in term.chinese:
+            prose = prose.replace(term.chinese, " ")
     for term in terms:
         if english_terms and not term.kept_in_english:
             for match in _term_pattern(term.english).finditer(prose):
                 problems.append(f"English term {match.group(0)!r} in Chinese text: the glossary says "
                                 f"{term.chinese} (or put code in `backquotes`)")
-        for variant in term.avoid:
-            if variant in prose:
-                problems.append(f"{variant!r}: the glossary renders {term.english!r} as {term.chinese}, "
-                                f"not {variant}")
+        for variant, match in term.avoided(prose):
+            problems.append(f"{match.group(0)!r}: the glossary renders {term.english!r} as "
+                            f"{term.first_use or term.chinese}, not {match.group(0)}")
     return problems + memory_problems(text)  # with its code: `CUDA_VISIBLE_DEVICES` says GPU too
 
 
@@ -173,6 +191,23 @@ def entry_problems(msgid: str, msgstr: str, ctxt: str | None, terms: list[Term])
     return problems
 
 
+def first_use_problems(texts: list[str], terms: list[Term]) -> list[str]:
+    """`texts`: one file's translations in the order a reader meets them. A term with a
+    `first_use` form takes that form where the file first names it: 嵌入（embedding）, then 嵌入."""
+    problems = []
+    for term in (t for t in terms if t.first_use):
+        for text in texts:
+            prose = chinese_prose(text)
+            at = prose.find(term.chinese)
+            if at < 0:
+                continue
+            if not prose.startswith(term.first_use, at):
+                problems.append(f"the first {term.chinese!r} of the file must read {term.first_use} "
+                                f"(then {term.chinese}): {prose[max(at - 20, 0):at + 30]!r}")
+            break
+    return problems
+
+
 def po_problems(root: Path = layout.ROOT) -> list[str]:
     """Every problem of every translated, not fuzzy entry of the edition's PO files (and of
     the tools' messages)."""
@@ -185,6 +220,8 @@ def po_problems(root: Path = layout.ROOT) -> list[str]:
                 where = entry.occurrences[0] if entry.occurrences else (src.path, "")
                 first = " ".join(entry.msgid.split())[:70]
                 problems.append(f"{src.po.as_posix()} ({where[0]}:{where[1]}, {first!r}): {problem}")
+        texts = [e.msgstr for e in po.translated_entries() if e.msgctxt != catalog.CONTEXTS["text"]]
+        problems += [f"{src.po.as_posix()}: {problem}" for problem in first_use_problems(texts, terms)]
     return problems
 
 
