@@ -131,6 +131,25 @@ class AnswerTooLarge(Exception):
     # Each message is one f-string: the Chinese edition translates it (testmessages.GRADER_MODULES).
 
 
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None (another C library, another OS)."""
+    try:
+        import ctypes
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def _give_back_memory() -> None:
+    """After a refused answer (tens of MB of text, copied by ZMQ, jupyter_client and the checks):
+    glibc keeps freed blocks of that size in the heap for reuse, so the worker would hold them
+    for the next student; malloc_trim returns them to the system."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
@@ -286,6 +305,7 @@ class Channel:
                         # The agent waits for the next operation, as after any answer: the
                         # protocol goes on, and the test that asked fails.
                         del prompt, msg
+                        _give_back_memory()
                         self.connected = True
                         self.failures.append(exc)
                         raise
