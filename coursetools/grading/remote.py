@@ -574,6 +574,7 @@ def exception_class(channel: Channel, name: str, module: str, mro: list[str], re
             exc = AnswerTooLarge(
                 f"the answer sent more than {MAX_EXCEPTION_CLASSES:,} exception classes to the grader")
             channel.failures.append(exc)
+            _give_back_memory()
             raise exc
         base = Exception
         for candidate in mro:
