@@ -121,7 +121,7 @@ def classify(assignment: str, output: dict | None, root: Path = layout.ROOT) -> 
     if found is None:
         if fix:
             return "fix", fix, testmessages.hint(assignment, fix, root), _lesson(fix), fix
-        return OTHER, f"{ename}: {observed[:120]}", "", "", ""
+        return OTHER, f"{ename}: {observed[:120]}".rstrip(": "), "", "", ""
     english, chinese = found
     return ("message", _holes_as_ellipsis(english), _holes_as_ellipsis(chinese),
             _lesson(english) or _lesson(observed), fix)
@@ -141,8 +141,13 @@ def _both(said) -> tuple[str, str]:
 
 
 def _lesson(text: str) -> str:
-    found = LESSON.search(text)
-    return f"lesson {found.group(1)} {found.group(2)}" if found else ""
+    """The lesson sections a message names, "lesson 02 §2, §8" (every "(lesson NN §N)" of it)."""
+    sections: dict[str, list[str]] = {}
+    for lesson, named in LESSON.findall(text):
+        for section in named.split(", "):
+            if section not in sections.setdefault(lesson, []):
+                sections[lesson].append(section)
+    return "; ".join(f"lesson {lesson} {', '.join(named)}" for lesson, named in sections.items())
 
 
 def _failing_output(cell) -> dict | None:
@@ -368,7 +373,8 @@ def _assignment_html(r: AssignmentReport, zh: bool) -> str:
                 fix_text = (testmessages.hint(r.assignment, m.fix) or m.fix) if zh else m.fix
                 fix = f"<details><summary>{_e(tr('How to fix'))}</summary><p>{_e(fix_text)}</p></details>"
             out.append(f'<li class="{ "other" if m.kind == "other" else "rule"}" data-count="{m.count}">'
-                       f'<span class="count">{_e(tr("{count} of {graded}").format(count=m.count, graded=r.graded))}</span>: '
+                       f'<span class="count">{_e(tr("{count} of {graded}").format(count=m.count, graded=r.graded))}</span>'
+                       + ("：" if zh else ": ") +
                        f"{_e(said)}{lesson}"
                        f'<div class="students">{_students(m.students)}</div>{fix}</li>\n')
         out.append("</ol>\n")
@@ -387,10 +393,7 @@ def _assignment_html(r: AssignmentReport, zh: bool) -> str:
 
 
 def _lesson_label(lesson: str, zh: bool) -> str:
-    if not zh:
-        return lesson
-    found = LESSON.search(lesson)
-    return f"第 {found.group(1)} 课 {found.group(2)}" if found else lesson
+    return LESSON.sub(lambda m: f"第 {m.group(1)} 课 {m.group(2)}", lesson) if zh else lesson
 
 
 def _late(seconds: float) -> str:

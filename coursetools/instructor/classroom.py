@@ -79,6 +79,10 @@ FLAG_ENAMES = {
 }
 
 
+# The release grade-class generates (what the gradebook's checksums are of), in the course
+# but apart from its own release folder (git-ignored; the release holds no hidden test)
+RUN_RELEASE = ".grade-class-release"
+
 # A cell Python could not compile: every test of what it should define then fails with a
 # NameError, which reads like a wrong answer; the instructor looks at the cell instead.
 COMPILE_ENAMES = ("SyntaxError", "IndentationError", "TabError")
@@ -177,10 +181,12 @@ class Classroom:
         # (assignment, student) -> nbgrader's error where it graded a submission but wrote no
         # feedback page (the Recorder's; an older run's missing page is found by results())
         self.no_feedback: dict[tuple[str, str], str] = {}
-        # Where this run's generate_assignment writes the release (a folder of the run's own):
-        # the course's release folder (exercises/, tracked in git) is the instructor's, and is
-        # left as it is. None: the course's own (make.py class-report reads it).
+        # Where grade-class's generate_assignment writes the release: the course's release
+        # folder (exercises/, tracked in git) is the instructor's, and is left as it is. The
+        # checks of a finished run (make.py class-report: restored cells) read it there too.
         self.release_override: Path | None = None
+        if (self.course / RUN_RELEASE).is_dir():
+            self.release_override = self.course / RUN_RELEASE
 
     @property
     def gradebook_url(self) -> str:
@@ -258,8 +264,8 @@ class Classroom:
         return self._course_dir("release_directory", "release")
 
     def generate(self, name: str) -> int:
-        """nbgrader's generate_assignment of `name` into this run's own release folder, never
-        over the course's (exercises/: an instructor's local edit there stays)."""
+        """nbgrader's generate_assignment of `name` into grade-class's own release folder
+        (RUN_RELEASE), never over the course's (exercises/: an instructor's local edit stays)."""
         if self.release_override is None:
             raise RuntimeError("Classroom.generate: set release_override, the run's own release folder, first")
         return self.nbgrader("generate_assignment", name, "--force",
@@ -828,7 +834,7 @@ def _run(room: Classroom, args, names: list[str], config) -> int:
         config_bytes = pickle.dumps(course_config)
         code = gradejob.code_digest()
         try:
-            room.release_override = Path(os.environ[gradejob.SCRATCH_ENV]) / "release"
+            room.release_override = room.course / RUN_RELEASE
             for name in names:  # registers each assignment (the gradebook exists after the first)
                 if room.generate(name) != 0:
                     print(f"error: nbgrader generate_assignment {name} failed; see {room.log_path}", file=sys.stderr)
