@@ -16,6 +16,7 @@
     python3 make.py new-chapter NN_topic "Title"   start a chapter from the template
     python3 make.py author-check NAME   quick checks of one chapter while you write it
     python3 make.py grade-class ...     grade a class's submissions (see README, instructors)
+    python3 make.py class-report ...    what the class misunderstood, for a finished grade-class run
     python3 make.py gpu-report          run every notebook and test on a CUDA GPU, write a report
                                         (--record: write what the GPU printed into the lessons;
                                         --prune, --coverage: check those records, no GPU)
@@ -256,7 +257,7 @@ def jupyter_env() -> dict[str, str]:
 # make.py subcommand -> the coursetools module that implements it, by whom it serves
 # (coursetools/__init__.py has the map): learner, instructor, author, evidence, publish.
 MODULES = {"check": "learner.checkd", "trace": "learner.trace",
-           "grade-class": "instructor.classroom",
+           "grade-class": "instructor.classroom", "class-report": "instructor.classreport",
            "release": "author.release", "links": "author.links", "author-check": "author.authorcheck",
            "new-chapter": "author.newchapter", "cheatsheet": "author.cheatsheet", "figures": "author.figures_sync",
            "gpu-report": "evidence.gpu_report", "test-torch": "evidence.torchrange",

@@ -9,7 +9,8 @@ each of its commands is a module here, grouped by whom it serves:
     grading/      the grading engine, one for the self-check and the classroom: execute,
                   sandbox, remote and agent_kernel (tests in the grader, the kernel answers), guard (redaction), review (static review of
                   student cells), preflight (one test kernel before the first submission)
-    instructor/   classroom (make.py grade-class), nbgrader_ext (the preprocessors
+    instructor/   classroom (make.py grade-class), classreport (make.py class-report: what
+                  the class misunderstood, after every run), nbgrader_ext (the preprocessors
                   nbgrader_config.py installs); grade-class's parts: gradejob (a
                   worker grades one submission), record (into the one gradebook),
                   engines (worker processes here, or Dask), localworker and daskworker

@@ -7,7 +7,10 @@
 
 nbgrader does the work (its own converters, its gradebook); this is the glue it lacks:
 
-1. `generate_assignment` (with the gradebook) for each assignment;
+1. `generate_assignment` (with the gradebook) for each assignment, into a release folder of
+   the run's own: the course's release (exercises/, tracked in git) is never overwritten; where
+   it differs from what the source generates now (an instructor's local edit), a note names
+   the files;
 2. with `--zip`: `zip_collect` from `downloaded/<assignment>/archive/` (files named
    `<student_id>__<notebook>.ipynb`, or zip files of them);
 3. autograde of every submission in `submitted/<student>/<assignment>/`, with a progress
@@ -21,9 +24,12 @@ nbgrader does the work (its own converters, its gradebook); this is the glue it 
 4. `export` (CSV);
 5. a summary table: each student's score per assignment, and what needs a human look —
    tampering, deleted or edited test cells (restored before grading), cells that crashed
-   the kernel or timed out, submissions nbgrader could not grade at all, and the static
+   the kernel or timed out, cells Python could not compile (a SyntaxError: cell and line),
+   submissions nbgrader could not grade at all, and the static
    review's findings (coursetools.grading.review: code no answer needs, with cell, line and
-   construct; the score is not changed). The same flags go into the CSV's `flags` column.
+   construct; the score is not changed). The same flags go into the CSV's `flags` column;
+6. the class report beside the CSV (coursetools.instructor.classreport: what the class
+   misunderstood, per question; `--lang zh` for Chinese).
 
 A long run survives interruption (coursetools.instructor.runguard): SIGINT, SIGTERM or
 SIGHUP stop every process it started and keep every submission already recorded; a second
@@ -47,6 +53,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +77,26 @@ FLAG_ENAMES = {
     "CellTimeoutError": "timeout",
     "NotExecuted": "cells never ran",
 }
+
+
+# The release grade-class generates (what the gradebook's checksums are of), in the course
+# but apart from its own release folder (git-ignored; the release holds no hidden test)
+RUN_RELEASE = ".grade-class-release"
+
+# A cell Python could not compile: every test of what it should define then fails with a
+# NameError, which reads like a wrong answer; the instructor looks at the cell instead.
+COMPILE_ENAMES = ("SyntaxError", "IndentationError", "TabError")
+
+
+def compile_flag(cell, output) -> str:
+    """"does not compile: SyntaxError in match_loss_inputs, line 10: invalid syntax": the
+    cell (its grade id, or "an added cell"), the line in that cell, and Python's message."""
+    where = notebooks.grade_id(cell) or "an added cell"
+    evalue = output.get("evalue", "")
+    found = re.search(r"\((?:[^,()]*), line (\d+)\)\s*$", evalue)
+    message = evalue[:found.start()].strip() if found else evalue.strip()
+    line = f", line {found.group(1)}" if found else ""
+    return f"does not compile: {output.get('ename')} in {where}{line}: {message[:200]}"
 
 
 @dataclass
@@ -154,6 +181,12 @@ class Classroom:
         # (assignment, student) -> nbgrader's error where it graded a submission but wrote no
         # feedback page (the Recorder's; an older run's missing page is found by results())
         self.no_feedback: dict[tuple[str, str], str] = {}
+        # Where grade-class's generate_assignment writes the release: the course's release
+        # folder (exercises/, tracked in git) is the instructor's, and is left as it is. The
+        # checks of a finished run (make.py class-report: restored cells) read it there too.
+        self.release_override: Path | None = None
+        if (self.course / RUN_RELEASE).is_dir():
+            self.release_override = self.course / RUN_RELEASE
 
     @property
     def gradebook_url(self) -> str:
@@ -225,7 +258,32 @@ class Classroom:
         return self._course_dir("source_directory", "source")
 
     def release_dir(self) -> Path:
+        return self.release_override or self.course_release_dir()
+
+    def course_release_dir(self) -> Path:
         return self._course_dir("release_directory", "release")
+
+    def generate(self, name: str) -> int:
+        """nbgrader's generate_assignment of `name` into grade-class's own release folder
+        (RUN_RELEASE), never over the course's (exercises/: an instructor's local edit stays)."""
+        if self.release_override is None:
+            raise RuntimeError("Classroom.generate: set release_override, the run's own release folder, first")
+        return self.nbgrader("generate_assignment", name, "--force",
+                             f"--CourseDirectory.release_directory={self.release_override}")
+
+    def release_differences(self, name: str) -> list[str]:
+        """The files of the course's release of `name` (exercises/NN) that differ from what its
+        source generates now (missing, extra or changed), as paths relative to the course;
+        [] when they are the same or the course has no release of it."""
+        mine, generated = self.course_release_dir() / name, self.release_dir() / name
+        if not mine.is_dir() or mine.resolve() == generated.resolve():
+            return []
+
+        def files(folder: Path) -> dict[str, bytes]:
+            return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+                    if p.is_file() and "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts}
+        a, b = files(mine), files(generated)
+        return [str((mine / rel).relative_to(self.course)) for rel in sorted(set(a) | set(b)) if a.get(rel) != b.get(rel)]
 
     def assignments(self) -> list[str]:
         return layout.assignments(self.course)
@@ -379,6 +437,8 @@ class Classroom:
                 seen = set()
                 for cell in graded_nb.cells:
                     for output in cell.get("outputs", []):
+                        if output.output_type == "error" and output.get("ename") in COMPILE_ENAMES:
+                            result.flags.append(compile_flag(cell, output))
                         if output.output_type == "error" and output.get("ename") in FLAG_ENAMES:
                             label = FLAG_ENAMES[output.ename]
                             gid = notebooks.grade_id(cell) or "an added cell"
@@ -645,6 +705,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "Python and its working folder (repeatable; nbgrader_config.py: "
                              "c.ResilientExecute.expose)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON")
+    parser.add_argument("--lang", choices=("en", "zh"), default="en",
+                        help="the class report's language (it goes beside the CSV: grades-report.html, "
+                             "or grades-report.zh.html, and grades-report.json; `make.py class-report` "
+                             "writes it again for a finished run)")
     return parser
 
 
@@ -770,10 +834,19 @@ def _run(room: Classroom, args, names: list[str], config) -> int:
         config_bytes = pickle.dumps(course_config)
         code = gradejob.code_digest()
         try:
+            room.release_override = room.course / RUN_RELEASE
             for name in names:  # registers each assignment (the gradebook exists after the first)
-                if room.nbgrader("generate_assignment", name, "--force") != 0:
+                if room.generate(name) != 0:
                     print(f"error: nbgrader generate_assignment {name} failed; see {room.log_path}", file=sys.stderr)
                     return 2
+                differs = room.release_differences(name)
+                if differs:
+                    note = (f"note: {', '.join(differs[:5])}" + (f" and {len(differs) - 5} more" if len(differs) > 5 else "")
+                            + f" differ(s) from what {room.source_dir().name}/{name} generates now: grade-class "
+                            "left them as they are and graded against the release generated from the source "
+                            "(`python3 make.py release` updates them, overwriting your edits)")
+                    print(note, file=sys.stderr)
+                    _log(room, note)
                 if args.zip:
                     room.nbgrader("zip_collect", name, "--force")
                 room.quarantine_links(name)
@@ -824,7 +897,10 @@ def _run(room: Classroom, args, names: list[str], config) -> int:
                       f"{engines.MAX_ATTEMPTS} times")
     print("\n".join(report))
     _log(room, "\n".join(report))
+    from coursetools.instructor import classreport
+    report_html, report_json = classreport.write(room, results, csv_path, args.lang)
     print(f"grades: {csv_path}   feedback: {room.course / 'feedback'}   log: {room.log_path}")
+    print(f"class report: {report_html}   data: {report_json}")
     if args.json:
         args.json.write_text(json.dumps(
             {a: [r.__dict__ for r in rs] for a, rs in results.items()}, indent=1))

@@ -467,11 +467,22 @@ class RestoreDeletedAnswers(NbGraderPreprocessor):
         return nb, resources
 
 
+def _quiet_priority() -> List:
+    """nbconvert's HTML exporter configures `NbConvertBase.display_data_priority` for every
+    preprocessor it runs, and nbgrader's base class declares that trait without config=True:
+    traitlets then logged "Config option `display_data_priority` not recognized" for each of
+    the two feedback preprocessors below, on every submission (issue 57). Declared configurable
+    here, it takes the exporter's value quietly; neither preprocessor reads it."""
+    return List(NbGraderPreprocessor.class_traits()["display_data_priority"].default()).tag(config=True)
+
+
 class ClearHiddenTestsSafely(ClearHiddenTests):
     """nbgrader's ClearHiddenTests for feedback, minus its failure mode: a student cell
     whose text contains the hidden-test markers (a comment will do) made it raise, and that
     student got no feedback at all. Here only test cells are cleared; other cells are the
     student's own text and stay as they are."""
+
+    display_data_priority = _quiet_priority()
 
     def preprocess_cell(self, cell, resources, cell_index):
         if not utils.is_grade(cell) or utils.is_solution(cell):
@@ -590,6 +601,8 @@ def feedback_config(config):
 class SafeOutputs(NbGraderPreprocessor):
     """Feedback HTML that runs nothing: drop every output kind outside SAFE_MIME, and render
     Markdown cells (a student can edit any that is not locked) to sanitized HTML."""
+
+    display_data_priority = _quiet_priority()
 
     def preprocess(self, nb, resources):
         # The Chinese edition's submissions get Chinese hints under the tests' messages.

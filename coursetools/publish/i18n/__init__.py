@@ -21,7 +21,8 @@ from coursetools import layout
 
 LANGUAGES = ("en", "zh")
 MESSAGES = Path("locale") / "zh_CN" / "tools" / "messages.po"
-TOOL_MODULES = ("coursetools/learner/selfcheck.py", "coursetools/learner/lab.py")
+TOOL_MODULES = ("coursetools/learner/selfcheck.py", "coursetools/learner/lab.py",
+                "coursetools/instructor/classreport.py")
 _language = "en"
 
 

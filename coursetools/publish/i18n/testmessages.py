@@ -409,15 +409,29 @@ def _english_left(text: str) -> int:
     return len(re.findall(r"[A-Za-z]", text))
 
 
+def template_of(assignment: str | None, message: str, root: Path = layout.ROOT) -> tuple[str, str] | None:
+    """(the English template, its Chinese) of the test message that reads `message` (one a
+    test of `assignment` raised, without its fix), or None: the rule the failing test names,
+    the same for every learner whatever values the message shows (the class report groups by
+    it: coursetools/instructor/classreport.py)."""
+    found = _best(assignment, message, root, 2)
+    return (found[2].msgid, found[2].msgstr) if found else None
+
+
 def _translate(assignment: str | None, message: str, root: Path, depth: int) -> tuple[str, int] | None:
-    """(the Chinese, how many English letters it still carries in its holes). Of the
+    found = _best(assignment, message, root, depth)
+    return (found[0], found[1]) if found else None
+
+
+def _best(assignment: str | None, message: str, root: Path, depth: int) -> tuple[str, int, _Compiled] | None:
+    """(the Chinese, how many English letters it still carries in its holes, the template). Of the
     templates that read the message, the one that leaves the least English wins (then the one
     with the most text of its own): "{where}: ... {why}" over "amp_settings({dev!r}) with
     PyTorch {version}", whose last hole would swallow the rest of the message."""
     text = " ".join(message.split())
     if not text:
         return None
-    best: tuple[tuple[int, int], str] | None = None
+    best: tuple[tuple[int, int, int], str, _Compiled] | None = None
     for entry in catalog(assignment, root):
         if best is not None and best[0][:2] == (0, 0) and entry.weight < -best[0][2]:
             break  # sorted by weight: nothing later can beat a reading that left no English
@@ -443,8 +457,8 @@ def _translate(assignment: str | None, message: str, root: Path, depth: int) -> 
                         and re.search(r"[:;.] \S", match.group(f"h{len(entry.names) - 1}")) is not None)
         score = (left, swallowed, -entry.weight)
         if best is None or score < best[0]:
-            best = (score, said)
-    return (best[1], best[0][0]) if best else None
+            best = (score, said, entry)
+    return (best[1], best[0][0], best[2]) if best else None
 
 
 def _worth(value: str) -> bool:
