@@ -118,6 +118,10 @@ def _failing_line(error: NotebookNode) -> int | None:
     return found
 
 
+HIDDEN_FAILED = "a hidden test failed (hidden tests are not shown)"
+HIDDEN_FAILED_SAID = "a hidden test failed: "
+
+
 def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str | None) -> list[NotebookNode]:
     """What feedback shows for a test cell: the grader's verdict, never the outputs the
     test produced (hidden tests ran there: anything they printed or drew stays out)."""
@@ -139,10 +143,19 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
     predict = line is not None and 0 < line <= len(lines) and lines[line - 1].strip().startswith(guard.PREDICT_ASSERT)
     observed, fix = hints.split(_ANSI.sub("", first.get("evalue", "")))
     if line is None or (line in _hidden_line_numbers(cell.source) and not predict):
-        # What a hidden test observed stays hidden; how to fix it is for the learner (every
-        # failure has a fix, and a fix names no expected value: coursetools/author/fixtexts.py).
-        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)"
-                                     + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
+        # A hidden test's failure says what was observed, as `make.py check` says it: the
+        # message of the course's check that failed ("ref is on meta, the result on cpu: is a
+        # device hard-coded?"), which a hidden test calls with data, never with its expected
+        # values or words (docs/GRADING_SECURITY.md). A message that holds any text of the
+        # hidden test (a string constant, an f-string's words, a line) is not shown: then only
+        # "a hidden test failed". How to fix it is for the learner either way (every failure
+        # has a fix, and a fix names no expected value: coursetools/author/fixtexts.py).
+        shown = observed.strip()[:1000]
+        if not shown or guard._leaks(shown, guard.hidden_text(v4.new_notebook(cells=[cell]))):
+            shown = HIDDEN_FAILED
+        else:
+            shown = f"{HIDDEN_FAILED_SAID}{shown}"
+        return [execute.error_output(ename, shown + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
     message = observed[:1000] if predict else f"{observed[:1000]} (test line {line})"
     return [execute.error_output(ename, message + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
 
