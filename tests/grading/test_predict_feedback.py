@@ -142,6 +142,13 @@ def test_a_failed_hidden_test_says_what_the_check_observed():
     nb = v4.new_notebook(cells=[cell])
     guard.redact(nb, guard.hidden_text(nb))
     assert hints.split(nb.cells[0].outputs[0].evalue)[0] == said, "redaction took the check's message"
+    # A message of two lines, the hidden test's words and the learner's error: only the error.
+    cell.outputs = [v4.new_output("error", ename="AssertionError", traceback=[f"<grader test test_follows>:{line}"],
+                                  evalue='check_follows(make_batch, "meta") failed\nYour code raised '
+                                         "FrozenInstanceError: cannot assign to field 'x'" + hints.FIX_MARKER + fix)]
+    shown = nbgrader_ext.grader_written_outputs(cell, Outcome.ERROR, None)
+    assert hints.split(shown[0].evalue)[0] == (nbgrader_ext.HIDDEN_FAILED_SAID + "Your code raised "
+                                               "FrozenInstanceError: cannot assign to field 'x'"), shown[0].evalue
     # The same failure, with the hidden line's own words in the message: not shown.
     cell.outputs = [v4.new_output("error", ename="AssertionError",
                                   evalue='check_follows(make_batch, "meta") failed' + hints.FIX_MARKER + fix,
