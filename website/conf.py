@@ -34,7 +34,12 @@ project = EDITION.get("title") or _cfg.title
 language = EDITION.get("language", "en")
 author = "the course's authors"
 copyright = "the course's authors"
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "sphinx_copybutton"]
+# The copy button (sphinx-copybutton) on code a reader runs: lesson and exercise code cells and
+# code blocks in pages, not outputs; it copies the code without prompts or outputs.
+copybutton_selector = "div.cell_input div.highlight pre, div.highlight-python div.highlight pre, " \
+                      "div.highlight-bash div.highlight pre, div.highlight-default div.highlight pre"
+copybutton_exclude = ".linenos, .gp, .go"
 
 # Only what coursetools/publish/website.py staged; its bookkeeping and the execution cache are no pages.
 exclude_patterns = ["_build", "**.ipynb_checkpoints", "site-manifest.json"]
@@ -74,7 +79,7 @@ html_context = {"default_mode": "auto",
 html_css_files = ["course.css"]
 # The menu buttons work (course-toggles.js); a pasted error message finds its cheat-sheet row
 # first (course-search.js, reading _static/course-errors.json that website.py writes).
-html_js_files = ["course-toggles.js", "course-search.js"]
+html_js_files = ["course-toggles.js", "course-search.js", "course-code.js"]
 html_last_updated_fmt = None
 html_show_sphinx = False
 html_copy_source = True            # the download buttons serve _sources/ (the repository's files)
