@@ -79,7 +79,7 @@ html_context = {"default_mode": "auto",
 html_css_files = ["course.css"]
 # The menu buttons work (course-toggles.js); a pasted error message finds its cheat-sheet row
 # first (course-search.js, reading _static/course-errors.json that website.py writes).
-html_js_files = ["course-toggles.js", "course-search.js", "course-code.js"]
+html_js_files = ["course-toggles.js", "course-search.js", "course-code.js", "course-figures.js"]
 html_last_updated_fmt = None
 html_show_sphinx = False
 html_copy_source = True            # the download buttons serve _sources/ (the repository's files)

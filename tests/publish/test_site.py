@@ -997,7 +997,8 @@ def test_what_readers_meet_in_the_browser(site, browser_page):
     every link of a Chinese notebook page stays in the Chinese edition (the launch button
     opens zh/course/... in Colab); the course map fits a phone as one card per chapter and
     shows learners' times only; a wrapped code line starts right of the line it continues and
-    the copy button copies exactly the code; no page logs the theme's "invalid theme mode" error."""
+    the copy button copies exactly the code; a figure has a numbered caption and alt text from the
+    lesson's words and opens enlarged on a tap; no page logs the theme's "invalid theme mode" error."""
     page = browser_page
     httpd = website.server(site["html"], port=0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -1083,6 +1084,30 @@ def test_what_readers_meet_in_the_browser(site, browser_page):
             setup = next(c.source for c in notebooks.read(ROOT / "course" / "01_device_basics.ipynb").cells
                           if c.cell_type == "code")
             assert copied == setup.rstrip("\n"), f"the copy button copied {copied[:200]!r} ({path})"
+
+            # Figures: numbered, described by the lesson's words (alt text too), enlarged on a tap.
+            for prefix, number in (("", "Figure 1"), ("zh/", "图 1")):
+                page.goto(f"{base}/{prefix}course/01_device_basics.html")
+                img = page.locator("figure.course-figure > img").first
+                img.scroll_into_view_if_needed()
+                page.wait_for_function("i => i.complete && i.naturalWidth > 100", arg=img.element_handle())
+                alt, caption = img.get_attribute("alt"), page.locator("figure.course-figure > figcaption").first.inner_text()
+                path = shot(page, f"site-{prefix.strip('/') or 'en'}-figure-{width}.png")
+                assert caption.startswith(number) and len(caption) > len(number) + 10 and alt == caption, (
+                    f"the figure's caption {caption!r}, alt {alt!r} ({path})")
+                inline = img.bounding_box()["width"]
+                img.click()
+                dialog = page.locator("dialog.course-figure-dialog")
+                page.wait_for_function("() => document.querySelector('dialog.course-figure-dialog')?.open")
+                big = dialog.locator("img")
+                page.wait_for_function("i => i.complete && i.naturalWidth > 100", arg=big.element_handle())
+                path = shot(page, f"site-{prefix.strip('/') or 'en'}-figure-enlarged-{width}.png")
+                natural = big.evaluate("i => i.naturalWidth")
+                assert big.bounding_box()["width"] >= min(natural, inline) and (
+                    width > natural or big.bounding_box()["width"] > inline * 1.5), (
+                    f"the figure did not open enlarged: {inline} px inline, {big.bounding_box()} in the dialog ({path})")
+                page.keyboard.press("Escape")
+                page.wait_for_function("() => !document.querySelector('dialog.course-figure-dialog').open")
     finally:
         httpd.shutdown()
         httpd.server_close()
