@@ -135,6 +135,16 @@ def _chinese_search(app):
     app.add_search_language(CourseSearchChinese)
 
 
+def _one_viewport(app, pagename, templatename, context, doctree):
+    """Sphinx's layout writes the page's viewport meta tag; another came in `metatags` (and a
+    third in the theme's extrahead: website/_templates/layout.html): leave one."""
+    import re
+
+    if context.get("metatags"):
+        context["metatags"] = re.sub(r'\s*<meta name="viewport"[^>]*>', "", context["metatags"])
+
+
 def setup(app):
     app.connect("html-page-context", _language_switch)
+    app.connect("html-page-context", _one_viewport)
     _chinese_search(app)

@@ -1085,6 +1085,16 @@ def test_what_readers_meet_in_the_browser(site, browser_page):
                           if c.cell_type == "code")
             assert copied == setup.rstrip("\n"), f"the copy button copied {copied[:200]!r} ({path})"
 
+            # The cheat sheet's Errors table: each row's Chapter link on screen (cards on a phone).
+            for prefix in ("", "zh/"):
+                page.goto(f"{base}/{prefix}CHEATSHEET.html#{SAME_DEVICE_ROW}")
+                chapter = page.locator(f"tr:has(#{SAME_DEVICE_ROW}) td").nth(3)
+                chapter.scroll_into_view_if_needed()
+                box = chapter.locator("a").first.bounding_box()
+                path = shot(page, f"site-{prefix.strip('/') or 'en'}-cheatsheet-errors-{width}.png")
+                assert box and 0 <= box["x"] and box["x"] + box["width"] <= width, (
+                    f"the Chapter link of an error row is off screen at {width} px: {box} ({path})")
+
             # Figures: numbered, described by the lesson's words (alt text too), enlarged on a tap.
             for prefix, number in (("", "Figure 1"), ("zh/", "图 1")):
                 page.goto(f"{base}/{prefix}course/01_device_basics.html")
@@ -1113,6 +1123,17 @@ def test_what_readers_meet_in_the_browser(site, browser_page):
         httpd.server_close()
     theme = [m for m in console_errors if "theme mode" in m]
     assert not theme, theme
+
+
+SAME_DEVICE_ROW = "error-expected-all-tensors-to-be-on-the-same-device"
+
+
+def test_every_page_has_one_viewport_tag(site):
+    """Three viewport meta tags were on every page (Sphinx's, one in `metatags`, the theme's)."""
+    pages = website.site_pages(site["html"])
+    counts = {p.relative_to(site["html"]).as_posix(): p.read_text(encoding="utf-8").count('name="viewport"')
+              for p in pages}
+    assert len(pages) > 50 and not {p: n for p, n in counts.items() if n != 1}, counts
 
 
 # Each wrapped line of a code cell: [its first characters, where its first part starts, where
