@@ -34,7 +34,12 @@ project = EDITION.get("title") or _cfg.title
 language = EDITION.get("language", "en")
 author = "the course's authors"
 copyright = "the course's authors"
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "sphinx_copybutton"]
+# The copy button (sphinx-copybutton) on code a reader runs: lesson and exercise code cells and
+# code blocks in pages, not outputs; it copies the code without prompts or outputs.
+copybutton_selector = "div.cell_input div.highlight pre, div.highlight-python div.highlight pre, " \
+                      "div.highlight-bash div.highlight pre, div.highlight-default div.highlight pre"
+copybutton_exclude = ".linenos, .gp, .go"
 
 # Only what coursetools/publish/website.py staged; its bookkeeping and the execution cache are no pages.
 exclude_patterns = ["_build", "**.ipynb_checkpoints", "site-manifest.json"]
@@ -65,20 +70,25 @@ html_favicon = "_static/favicon.svg"
 # header's search button on a phone).
 html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
 # "Last verified" on every page, above the footer (website.py: the runs' PyTorch and date).
-html_context = {"course_last_verified": EDITION.get("verified", ""),
+# The theme's light/dark mode before a reader picks one: "auto" follows the system (without it
+# every first visit starts with mode "" and logs "Got invalid theme mode: . Resetting to auto.").
+html_context = {"default_mode": "auto",
+                "course_last_verified": EDITION.get("verified", ""),
                 "course_verified_label": EDITION.get("verified_label", "Last verified: "),
                 "course_about_label": EDITION.get("about_label", "about these outputs")}
 html_css_files = ["course.css"]
 # The menu buttons work (course-toggles.js); a pasted error message finds its cheat-sheet row
 # first (course-search.js, reading _static/course-errors.json that website.py writes).
-html_js_files = ["course-toggles.js", "course-search.js"]
+html_js_files = ["course-toggles.js", "course-search.js", "course-code.js", "course-figures.js"]
 html_last_updated_fmt = None
 html_show_sphinx = False
 html_copy_source = True            # the download buttons serve _sources/ (the repository's files)
 html_theme_options = {
     "repository_url": f"https://github.com/{_cfg.github_repo}",
     "repository_branch": _cfg.branch,
-    "path_to_docs": "",
+    # The launch (Colab) and repository buttons open this edition's own notebook: the Chinese
+    # edition's pages are staged at course/..., its notebooks are zh/course/... in the repository.
+    "path_to_docs": EDITION.get("repo_dir", ""),
     "use_repository_button": True,
     "use_download_button": True,
     "launch_buttons": {"colab_url": "https://colab.research.google.com"},
@@ -102,20 +112,39 @@ def _language_switch(app, pagename, templatename, context, doctree):
         "label": switch["label"], "hreflang": switch["hreflang"], "same_page": target == pagename}
 
 
-def _chinese_search_stemmer(app):
-    """Sphinx 9.0's Chinese search stems its Latin words with the English stemmer, but its
-    language_data.js then asks for a `ChineseStemmer` that does not exist: the search page
-    stops with "ChineseStemmer is not defined" and finds nothing. The same language, naming
-    the stemmer it ships, repairs it (and does nothing where Sphinx has it right)."""
+def _chinese_search(app):
+    """The Chinese edition's search, repaired twice over (the class it registers replaces
+    Sphinx's for `language = "zh_CN"`):
+
+    - the query is split into words as the index was (website/course-zh-split.js, Sphinx's
+      `js_splitter_code`): Sphinx splits a query only at spaces, so 混合精度 typed as Chinese
+      is typed, without spaces, found nothing of what 混合 精度 finds;
+    - Sphinx 9.0's Chinese search stems its Latin words with the English stemmer, but its
+      language_data.js then asks for a `ChineseStemmer` that does not exist: the search page
+      stops with "ChineseStemmer is not defined" and finds nothing. The same language, naming
+      the stemmer it ships, repairs it (and does nothing where Sphinx has it right)."""
     from sphinx.search.zh import SearchChinese
 
-    if SearchChinese.js_stemmer_rawcode == "english-stemmer.js" and SearchChinese.language_name != "English":
-        class SearchChineseEnglishStemmer(SearchChinese):
-            language_name = "English"   # what the JS names its stemmer: EnglishStemmer
+    stemmer_name = ("English" if SearchChinese.js_stemmer_rawcode == "english-stemmer.js"
+                    and SearchChinese.language_name != "English" else SearchChinese.language_name)
 
-        app.add_search_language(SearchChineseEnglishStemmer)
+    class CourseSearchChinese(SearchChinese):
+        language_name = stemmer_name   # what the JS names its stemmer: EnglishStemmer
+        js_splitter_code = (Path(__file__).parent / "course-zh-split.js").read_text(encoding="utf-8")
+
+    app.add_search_language(CourseSearchChinese)
+
+
+def _one_viewport(app, pagename, templatename, context, doctree):
+    """Sphinx's layout writes the page's viewport meta tag; another came in `metatags` (and a
+    third in the theme's extrahead: website/_templates/layout.html): leave one."""
+    import re
+
+    if context.get("metatags"):
+        context["metatags"] = re.sub(r'\s*<meta name="viewport"[^>]*>', "", context["metatags"])
 
 
 def setup(app):
     app.connect("html-page-context", _language_switch)
-    _chinese_search_stemmer(app)
+    app.connect("html-page-context", _one_viewport)
+    _chinese_search(app)

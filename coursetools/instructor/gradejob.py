@@ -350,14 +350,13 @@ def _feedback(config, task: Task) -> tuple[dict[str, str], str]:
     """nbgrader's feedback of the submission just graded, from this scratch course's gradebook
     (the coordinator uses it when its gradebook has nothing more: no manual grade, no late
     penalty; record.Recorder checks)."""
-    from nbgrader.converters import GenerateFeedback
     from nbgrader.coursedir import CourseDirectory
     from coursetools.instructor import nbgrader_ext
 
     feedback_config = nbgrader_ext.feedback_config(config)
     coursedir = CourseDirectory(config=feedback_config)
     coursedir.assignment_id, coursedir.student_id = task.assignment, task.student
-    app = GenerateFeedback(coursedir=coursedir, config=feedback_config)
+    app = nbgrader_ext.feedback_app(coursedir, config)
     app.force = True
     result = _run(app)
     folder = Path(config.CourseDirectory.root) / "feedback" / task.student / task.assignment

@@ -118,6 +118,10 @@ def _failing_line(error: NotebookNode) -> int | None:
     return found
 
 
+HIDDEN_FAILED = "a hidden test failed (hidden tests are not shown)"
+HIDDEN_FAILED_SAID = "a hidden test failed: "
+
+
 def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str | None) -> list[NotebookNode]:
     """What feedback shows for a test cell: the grader's verdict, never the outputs the
     test produced (hidden tests ran there: anything they printed or drew stays out)."""
@@ -139,10 +143,18 @@ def grader_written_outputs(cell: NotebookNode, outcome: Outcome, tampering: str 
     predict = line is not None and 0 < line <= len(lines) and lines[line - 1].strip().startswith(guard.PREDICT_ASSERT)
     observed, fix = hints.split(_ANSI.sub("", first.get("evalue", "")))
     if line is None or (line in _hidden_line_numbers(cell.source) and not predict):
-        # What a hidden test observed stays hidden; how to fix it is for the learner (every
+        # A hidden test's failure says what was observed, as `make.py check` says it, where
+        # that is not the hidden test's own text: each line of the message that holds no text
+        # of the hidden test (a string constant, an f-string's words, a line of its code: what
+        # redaction would remove) is shown, e.g. the learner's own error ("Your code raised
+        # FrozenInstanceError: cannot assign to field 'features'") or a visible check's message;
+        # a hidden test's own words (its expected values among them) never are. With nothing
+        # left, only "a hidden test failed". How to fix it is for the learner either way (every
         # failure has a fix, and a fix names no expected value: coursetools/author/fixtexts.py).
-        return [execute.error_output(ename, "a hidden test failed (hidden tests are not shown)"
-                                     + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
+        hidden = guard.hidden_text(v4.new_notebook(cells=[cell]))
+        kept = [text.strip() for text in observed.split("\n") if text.strip() and not guard._leaks(text, hidden)]
+        shown = f"{HIDDEN_FAILED_SAID}{' '.join(kept)[:1000]}" if kept else HIDDEN_FAILED
+        return [execute.error_output(ename, shown + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
     message = observed[:1000] if predict else f"{observed[:1000]} (test line {line})"
     return [execute.error_output(ename, message + (hints.FIX_MARKER + fix[:1000] if fix else "")), *reveal]
 
@@ -527,10 +539,19 @@ def remote_references(page: str) -> list[str]:
     return [a or b for a, b in _REMOTE_LOAD.findall(page)]
 
 
+# An <img> whose remote src the sanitizer removed: a broken image on the page, so it goes.
+_IMG_WITHOUT_SRC = re.compile(r"<img(?![^>]*\ssrc=)[^>]*>", re.IGNORECASE)
+# The exercise's "Open In Colab" badge (a remote image in a link to Colab): nothing a graded
+# student's feedback page can use, and the page loads nothing from elsewhere.
+_COLAB_BADGE = re.compile(r"\[!\[[^\]]*\]\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)\]"
+                          r"\([^)\s]*\)\s*")
+
+
 def sanitize_html(html: str) -> str:
     import bleach
 
-    return bleach.clean(html, tags=_SAFE_TAGS, attributes=_attribute_allowed, protocols=["data"], strip=True)
+    clean = bleach.clean(html, tags=_SAFE_TAGS, attributes=_attribute_allowed, protocols=["data"], strip=True)
+    return _IMG_WITHOUT_SRC.sub("", clean)
 
 
 def clean_html(element) -> str:
@@ -549,7 +570,7 @@ def sanitize_markdown(source: str) -> str:
     reference (nbgrader's feedback template renders Markdown cells without nbconvert's sanitizer)."""
     from nbconvert.filters import markdown2html
 
-    return sanitize_html(markdown2html(source))
+    return sanitize_html(markdown2html(_COLAB_BADGE.sub("", source)))
 
 
 def sanitize_rich_outputs(nb: NotebookNode) -> None:
@@ -574,6 +595,11 @@ def sanitize_cell_outputs(cell: NotebookNode) -> None:
                 data["text/html"] = sanitize_html(data["text/html"])
 
 
+# The feedback page's template (templates/course_feedback/): nbgrader's "feedback" made usable
+# on any screen (tests named by question, "How to fix" a disclosure, messages that wrap).
+FEEDBACK_TEMPLATE = "course_feedback"
+
+
 def feedback_template_dirs() -> list[str]:
     """HTMLExporter.extra_template_basedirs for feedback pages: the course's own (a mathjax
     macro that loads nothing, so no page fetches from a CDN), then nbgrader's, which holds
@@ -590,12 +616,28 @@ def feedback_config(config):
     and the course's template folder first (feedback_template_dirs)."""
     from traitlets.config import Config
     out = Config(config)
-    out.HTMLExporter.template_name = "feedback"
+    out.HTMLExporter.template_name = FEEDBACK_TEMPLATE
     if "extra_template_basedirs" not in config.get("HTMLExporter", {}):
         out.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
     if "filters" not in config.get("HTMLExporter", {}):
         out.HTMLExporter.filters = dict(FEEDBACK_FILTERS)
     return out
+
+
+def feedback_app(coursedir, config):
+    """nbgrader's GenerateFeedback with `feedback_config(config)`, able to find the template
+    that the course's feedback template extends (templates/course_feedback/index.html.j2
+    extends nbgrader's 'feedback/index.html.j2': GenerateFeedback sets its own
+    extra_template_paths when it starts, so nbgrader's template folder is added after)."""
+    from nbgrader.converters import GenerateFeedback
+    from traitlets.config import Config
+
+    app = GenerateFeedback(coursedir=coursedir, config=feedback_config(config))
+    extra = Config()
+    extra.HTMLExporter.extra_template_paths = [*app.config.HTMLExporter.get("extra_template_paths", []),
+                                               feedback_template_dirs()[1]]
+    app.update_config(extra)
+    return app
 
 
 class SafeOutputs(NbGraderPreprocessor):

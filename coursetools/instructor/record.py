@@ -216,7 +216,7 @@ class Recorder:
     def record(self, outcome: Outcome) -> bool:
         """nbgrader's autograde of this submission with the worker's execution, then its
         feedback. Returns whether nbgrader graded it (False: the summary says 'not graded')."""
-        from nbgrader.converters import Autograde, GenerateFeedback
+        from nbgrader.converters import Autograde
         from nbgrader.coursedir import CourseDirectory
 
         self._write_log(f"$ autograde {outcome.assignment} {outcome.student} (worker {outcome.worker}, "
@@ -246,7 +246,7 @@ class Recorder:
         feedback_config = nbgrader_ext.feedback_config(self.config)
         coursedir = CourseDirectory(config=feedback_config)
         coursedir.assignment_id, coursedir.student_id = outcome.assignment, outcome.student
-        app = GenerateFeedback(coursedir=coursedir, config=feedback_config)
+        app = nbgrader_ext.feedback_app(coursedir, self.config)
         app.force = True
         ok_feedback, log = _capture(app)
         self._write_log(f"$ generate_feedback {outcome.assignment} {outcome.student}", log)

@@ -116,7 +116,9 @@ EN_WORDS = {
     "facts": re.compile(r"\*\*Prerequisites:\*\*\s*(?P<prereq>.*?)\s*\*\*Time:\*\*\s*(?P<time>[^\n]*?)\.?\s*$",
                         re.MULTILINE),
     "facts_missing": "'**Prerequisites:** ... **Time:** ...'",
-    "time_end": re.compile(r":"),                       # the course map shows a time up to here
+    # The course map shows a time up to here: the rest of a header's Time line (how it was
+    # measured or estimated, on what machine) is for maintainers, and stays on the page.
+    "time_end": re.compile(r":|;|\s\(|\.\s"),
     "part": re.compile(r"^(.*?),\s*part\s+\d+\b", re.IGNORECASE),
     "part_number": re.compile(r"\bpart\s+(\d+)\b", re.IGNORECASE),
     "exercise_title_end": re.compile(r":\s*exercises$"),
@@ -152,7 +154,7 @@ ZH_WORDS = {
     "facts": re.compile(r"\*\*前置知识：\*\*\s*(?P<prereq>.*?)\s*\*\*用时：\*\*\s*(?P<time>[^\n]*?)[.。]?\s*$",
                         re.MULTILINE),
     "facts_missing": "'**前置知识：** ... **用时：** ...'",
-    "time_end": re.compile(r"[：（(]"),
+    "time_end": re.compile(r"[：（(；;。]"),
     "part": re.compile(r"^(.*?)，\s*第\s*\d+\s*部分"),
     "part_number": re.compile(r"第\s*(\d+)\s*部分"),
     "exercise_title_end": re.compile(r"：\s*练习$"),
@@ -378,9 +380,10 @@ def header_facts(nb: nbformat.NotebookNode, edition: Edition = EN) -> tuple[str,
 
 
 def short_time(time_text: str, edition: Edition = EN) -> str:
-    """A header's time as the course map shows it: up to its first colon ("about 45 minutes
-    to read: 2,895 words ..." -> "about 45 minutes to read"; in Chinese, up to a colon or an
-    opening parenthesis); the page has the rest."""
+    """A header's time as the course map shows it, the learner's part: up to its first colon,
+    semicolon, parenthesis or sentence end ("about 45 minutes to read: 2,895 words ..." ->
+    "about 45 minutes to read"; "about 45 minutes (estimated from its length, not timed)" ->
+    "about 45 minutes"); the rest (how it was measured, on what machine) stays on the page."""
     return edition.words["time_end"].split(time_text, maxsplit=1)[0].strip().rstrip(".。")
 
 
@@ -687,7 +690,8 @@ def home_page(root: Path, chapters: list[Chapter], pages, edition: Edition = EN,
         intro, "",
         f"## {w['map_heading']}", "",
         w["map_intro"], "",
-        *rows, "",
+        # A container: the site's CSS shows the table as one card per chapter on a phone.
+        ":::{container} course-map", *rows, ":::", "",
         *([edition.w("cheatsheet_line", path=cheatsheet.SHEET)] if cheatsheet.SHEET in staged else []),
         *([edition.w("myths_line", path="docs/MYTHS.md")] if "docs/MYTHS.md" in staged else []),
         *([edition.w("guides_line", links=w["list_sep"].join(f"[{w['guide_in_line'](title)}]({rel})"
@@ -1221,7 +1225,7 @@ def sphinx_context(staged: Staged, other: Staged | None, executions: list[Execut
         switch = {"base": base, "label": oed.name, "hreflang": oed.hreflang,
                   "pages": sorted({posixpath.splitext(p)[0] for p in other.pages} | {"search", "genindex"})}
     heading = re.search(r"^# (.+)$", (staged.folder / "index.md").read_text(encoding="utf-8"), re.MULTILINE)
-    return {"lang": ed.lang, "language": ed.sphinx_language, "title": plain(heading.group(1)) if heading else None,
+    return {"lang": ed.lang, "repo_dir": ed.repo_dir, "language": ed.sphinx_language, "title": plain(heading.group(1)) if heading else None,
             "execution": "cache" if ed is EN else "off",
             "verified": last_verified(executions, ed), "verified_label": ed.w("verified"),
             "about_label": ed.w("about_link"), "switch": switch}

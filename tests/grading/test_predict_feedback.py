@@ -110,3 +110,48 @@ def test_a_failed_hidden_test_shows_its_fix_and_hides_what_it_observed():
     nb.cells[0].outputs = [printed]
     guard.redact(nb, guard.hidden_text(nb))
     assert "secret" not in nb.cells[0].outputs[0].text, "a hidden observation printed by the student's code"
+
+
+HIDDEN_CALLS_A_CHECK = '''"""Question 3: the result follows its input's device."""
+check_follows(make_batch, "cpu")
+### BEGIN HIDDEN TESTS
+check_follows(make_batch, "meta")
+### END HIDDEN TESTS
+'''
+
+
+def test_a_failed_hidden_test_says_what_the_check_observed():
+    """A hidden test that hands a course check data (a device name) fails with that check's
+    message, the one `make.py check` prints: the feedback page shows it after "a hidden test
+    failed: ", with the fix under "How to fix"; the hidden line itself (its code, its data
+    "meta" as code) is not shown. A message holding any string of the hidden test is still
+    replaced (test_a_failed_hidden_test_shows_its_fix_and_hides_what_it_observed)."""
+    cell = v4.new_code_cell(HIDDEN_CALLS_A_CHECK)
+    cell.metadata["nbgrader"] = {"grade": True, "grade_id": "test_follows", "locked": True, "points": 2,
+                                 "solution": False}
+    observed = "ref is on meta, the result on cpu: is a device hard-coded?"
+    fix = "build the result on the input's device: torch.zeros(..., device=x.device)"
+    line = HIDDEN_CALLS_A_CHECK.split("\n").index('check_follows(make_batch, "meta")') + 1
+    cell.outputs = [v4.new_output("error", ename="AssertionError", evalue=observed + hints.FIX_MARKER + fix,
+                                  traceback=[f"<grader test test_follows>:{line}", "AssertionError"])]
+    shown = nbgrader_ext.grader_written_outputs(cell, Outcome.ERROR, None)
+    said, how = hints.split(shown[0].evalue)
+    assert said == nbgrader_ext.HIDDEN_FAILED_SAID + observed and how == fix, shown[0].evalue
+    assert "check_follows(make_batch" not in repr(shown)
+    cell.outputs = shown
+    nb = v4.new_notebook(cells=[cell])
+    guard.redact(nb, guard.hidden_text(nb))
+    assert hints.split(nb.cells[0].outputs[0].evalue)[0] == said, "redaction took the check's message"
+    # A message of two lines, the hidden test's words and the learner's error: only the error.
+    cell.outputs = [v4.new_output("error", ename="AssertionError", traceback=[f"<grader test test_follows>:{line}"],
+                                  evalue='check_follows(make_batch, "meta") failed\nYour code raised '
+                                         "FrozenInstanceError: cannot assign to field 'x'" + hints.FIX_MARKER + fix)]
+    shown = nbgrader_ext.grader_written_outputs(cell, Outcome.ERROR, None)
+    assert hints.split(shown[0].evalue)[0] == (nbgrader_ext.HIDDEN_FAILED_SAID + "Your code raised "
+                                               "FrozenInstanceError: cannot assign to field 'x'"), shown[0].evalue
+    # The same failure, with the hidden line's own words in the message: not shown.
+    cell.outputs = [v4.new_output("error", ename="AssertionError",
+                                  evalue='check_follows(make_batch, "meta") failed' + hints.FIX_MARKER + fix,
+                                  traceback=[f"<grader test test_follows>:{line}", "AssertionError"])]
+    shown = nbgrader_ext.grader_written_outputs(cell, Outcome.ERROR, None)
+    assert hints.split(shown[0].evalue)[0] == nbgrader_ext.HIDDEN_FAILED, shown[0].evalue

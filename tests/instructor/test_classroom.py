@@ -409,6 +409,7 @@ def class_of_02():
         # The class report's synthetic class: each a wrong fixture, whose losses are known
         **{fixture.student_id: (fixtures.submission(fixture), fixture.loses, [])
            for fixture in (_fixture(A2, name) for name in REPORT_FIXTURES)},
+        "feedback-page": feedback_page_submission(),
     }
 
 
@@ -421,6 +422,20 @@ REPORT_FIXTURES = [name for pair in SAME_RULE for name in pair] + [
     "grow_embedding_forgets_dtype", "match_loss_inputs_to_ref", "match_loss_inputs_hard_coded",
     "snapshot_lesson_spelling"]
 LATE = "partial"  # chapter 02's: handed in a day after the due date (nbgrader's timestamp.txt)
+
+
+# The submission whose feedback page test_feedback_page_on_a_phone_and_a_desktop opens: a
+# failed visible test (match_loss_inputs hard-codes the device), a failed hidden test (move_to
+# setattr()s a frozen dataclass, which only a hidden test passes it) and a syntax error (snapshot).
+FEEDBACK_SYNTAX_ERROR = "def snapshot(model:\n    return {}\n"
+
+
+def feedback_page_submission():
+    answers = {**_answers(A2), **_fixture(A2, "move_to_setattr_frozen").answers,
+               **_fixture(A2, "match_loss_inputs_hard_coded").answers, "snapshot": FEEDBACK_SYNTAX_ERROR}
+    return (fixtures.fill(_release(A2), answers),
+            ["test_move_to_structure", "test_match_loss_inputs", "test_snapshot_values", "test_snapshot_independent"],
+            ["does not compile: SyntaxError in snapshot, line "])
 
 
 class ClassSummary:
@@ -536,7 +551,7 @@ STUDENTS_01 = ["correct", "partial", "blank", "infinite-loop", "kernel-crash", "
                "closure-key", "closure-key-now", "session-send", "magic-number", "frame-leak",
                "str-device-as-torch", "huge-error", "user-get-ipython", "non-callable", "symlink",
                "deleted-answer", "renamed"]
-STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash", "syntax-error",
+STUDENTS_02 = ["correct", "blank", "partial", "kernel-crash", "syntax-error", "feedback-page",
                *(f"wrong-{name}".replace("_", "-") for name in REPORT_FIXTURES)]
 # Issue 32's attacks: graded for their score; the review may or may not flag them.
 ANY_REVIEW = {"inspect-closures", "formatter-fields", "tensor-alias", "spoof-device", "traceback-frames",
@@ -1124,3 +1139,75 @@ def test_grade_class_leaves_the_course_release_alone(tmp_path):
     assert notes == [line for line in notes if f"exercises/{A2}/{A2}.ipynb" in line] and len(notes) == 1, notes
     assert "Removing existing assignment" not in (course.root / "grading.log").read_text() or \
         str(course.root / "exercises") not in (course.root / "grading.log").read_text()
+
+
+# A student's feedback page as the student reads it, on a phone and a desktop (one browser
+# session): the course's feedback template (coursetools/instructor/templates/course_feedback).
+FEEDBACK_SCREENSHOTS = layout.ROOT / "test-artifacts" / "screenshots"
+_FEEDBACK_PAGE_PROBLEMS = """() => {
+  const W = window.innerWidth, out = [];
+  if (document.documentElement.scrollWidth > W)
+    out.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${W} px window`);
+  for (const pre of document.querySelectorAll('div.output_area pre, div.input_area pre'))
+    if (pre.scrollWidth > pre.clientWidth + 1 && pre.offsetParent)
+      out.push(`a block hides ${pre.scrollWidth - pre.clientWidth} px of its lines: ${pre.innerText.slice(0, 60)}`);
+  for (const img of document.images)
+    if (!img.complete || img.naturalWidth === 0) out.push(`a broken image: ${img.outerHTML.slice(0, 120)}`);
+  for (const s of document.querySelectorAll('details > summary'))
+    if (getComputedStyle(s).display !== 'list-item') out.push(`a summary without its marker: ${s.innerText}`);
+  return out.slice(0, 10);
+}"""
+
+
+def check_feedback_page(path: Path, name: str) -> list[Path]:
+    """Open the feedback page `path` in Chromium at 390 and 1366 px; assert what a student
+    needs; return the screenshots (test-artifacts/screenshots/NAME-{390,1366}-*.png)."""
+    from browser_support import chromium_page
+
+    shots = []
+    with chromium_page(None, "the feedback page's browser test") as page:
+        elsewhere: list[str] = []
+        page.on("request", lambda r: elsewhere.append(r.url) if not r.url.startswith("file:") else None)
+        page.goto(path.as_uri())
+        toc = page.locator("#toc li").all_inner_texts()
+        assert toc and not [t for t in toc if t.startswith("Test cell")], f"the index names tests 'Test cell': {toc}"
+        assert any(t.startswith("match_loss_inputs") and "· test_match_loss_inputs" in t for t in toc), toc
+        assert "Open In Colab" not in page.content(), "the page still has the Colab badge"
+        errors = page.locator("div.output_error pre, div.output_stderr pre").all_inner_texts()
+        hidden = [e for e in errors if "a hidden test failed" in e]
+        assert hidden and "Your code raised FrozenInstanceError" in hidden[0], (
+            f"the failed hidden test does not say what was observed: {hidden}")
+        assert any("(test line" in e for e in errors), f"no failed visible test: {errors}"
+        assert any("SyntaxError" in e for e in errors), f"no syntax error: {errors}"
+        fix = page.locator("details > summary", has_text="How to fix").first
+        fix.click()
+        assert page.evaluate("s => s.parentElement.open", fix.element_handle()), "How to fix does not open"
+        for width in (390, 1366):
+            page.set_viewport_size({"width": width, "height": 844 if width < 500 else 900})
+            page.wait_for_timeout(200)
+            problems = page.evaluate(_FEEDBACK_PAGE_PROBLEMS)
+            for what, locator in (("top", page.locator("#toc")),
+                                  ("visible-test", page.locator("div.output_error", has_text="(test line").first),
+                                  ("hidden-test", page.locator("div.output_error", has_text="a hidden test failed").first),
+                                  ("syntax-error", page.locator("div.output_error", has_text="SyntaxError").first)):
+                locator.evaluate("e => e.scrollIntoView({block: 'start'})")
+                page.evaluate("window.scrollBy(0, -60)")
+                FEEDBACK_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+                shot = FEEDBACK_SCREENSHOTS / f"{name}-{width}-{what}.png"
+                page.screenshot(path=str(shot))
+                shots.append(shot)
+            assert not problems, f"the feedback page at {width} px:\n  " + "\n  ".join(problems) + f"\n({shots[-1]})"
+        assert not elsewhere, f"the feedback page asked another host for: {elsewhere[:5]}"
+    return shots
+
+
+def test_feedback_page_on_a_phone_and_a_desktop(graded_class):
+    """The feedback page of a submission with a failed visible test, a failed hidden test and a
+    syntax error (feedback_page_submission), at 390 and 1366 px: no broken image (the Colab
+    badge is gone), each test named by its question and id, "How to fix" a disclosure that
+    opens, the hidden test's failure saying what was observed (the learner's own error, no
+    text of the hidden test), every message wrapped inside the page."""
+    course = graded_class["course"]
+    page = course.root / "feedback" / "feedback-page" / A2 / f"{A2}.html"
+    assert page.exists(), f"no feedback page for feedback-page: {page}"
+    print("screenshots:", [p.name for p in check_feedback_page(page, "feedback-page")])

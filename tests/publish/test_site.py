@@ -983,3 +983,168 @@ def test_site_fits_a_phone_and_a_desktop_in_both_themes(site, browser_page):
         httpd.server_close()
     assert len(shots) == 16, shots
     assert not problems, "cut off or too wide:\n  " + "\n  ".join(problems)
+
+
+# The Chinese edition as a Chinese reader meets it, at a phone's width and a desktop's: one
+# browser session for several checks (CI time).
+# Query: (its screenshot's name, the chapter its first result is)
+ZH_QUERIES = {"混合精度": ("mixed-precision", "05_mixed_precision"), "锁页内存": ("pinned-memory", "07_performance")}
+
+
+def test_what_readers_meet_in_the_browser(site, browser_page):
+    """At 390 and 1366 px: an unspaced Chinese query (混合精度, 锁页内存, 显存不足) finds what the
+    same words with spaces find, chapter 05 first for 混合精度 (website/course-zh-split.js);
+    every link of a Chinese notebook page stays in the Chinese edition (the launch button
+    opens zh/course/... in Colab); the course map fits a phone as one card per chapter and
+    shows learners' times only; a wrapped code line starts right of the line it continues and
+    the copy button copies exactly the code; a figure has a numbered caption and alt text from the
+    lesson's words and opens enlarged on a tap; no page logs the theme's "invalid theme mode" error."""
+    page = browser_page
+    httpd = website.server(site["html"], port=0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    console_errors: list[str] = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+
+    def results(query: str) -> list[str]:
+        page.goto(f"{base}/zh/search.html?q={urllib.parse.quote(query)}")
+        # Finished: the summary (made when the search starts) gives the count, or says none.
+        page.wait_for_function("() => /\\d|没有|did not match|no pages/i.test("
+                               "document.querySelector('#search-results p.search-summary')?.innerText || '')",
+                               timeout=60_000)
+        return page.eval_on_selector_all("#search-results ul.search:not(.course-error-hits) > li > a",
+                                         "links => links.map(a => a.getAttribute('href'))")
+
+    try:
+        for width in FIT_WIDTHS:
+            page.set_viewport_size({"width": width, "height": 844 if width < 500 else 900})
+            for query, (name, chapter) in ZH_QUERIES.items():
+                unspaced = results(query)
+                path = shot(page, f"site-zh-search-{name}-{width}.png")
+                spaced = results(" ".join([query[:2], query[2:]]))
+                # (the unspaced query may find more: a section whose title holds it whole)
+                assert spaced and set(spaced) <= set(unspaced), (
+                    f"{query} found {len(unspaced)} pages, {query[:2]} {query[2:]} {len(spaced)} ({path})")
+                if width == FIT_WIDTHS[0]:
+                    assert chapter in unspaced[0], f"{query}'s first result is {unspaced[0]} ({path})"
+            # Out of memory: the troubleshooting chapter's OOM section first, then the DDP chapter's.
+            oom = results("显存不足")
+            path = shot(page, f"site-zh-search-oom-{width}.png")
+            assert oom and oom[0].startswith("course/08_troubleshooting") and set(results("显存 不足")) <= set(oom), (
+                f"显存不足 found {oom} ({path})")
+
+            # Every link of a Chinese notebook page stays in the Chinese edition.
+            for rel in ("zh/course/01_device_basics.html",
+                        "zh/" + html_of(layout.release_notebook(layout.assignments()[0]).relative_to(ROOT).as_posix())):
+                page.goto(f"{base}/{rel}")
+                hrefs = page.eval_on_selector_all("a[href]", "links => links.map(a => a.href)")
+                switch = page.eval_on_selector_all("a.course-language-switch", "ls => ls.map(a => a.href)")
+                stray = [h for h in hrefs if h.startswith(base) and not h.startswith(f"{base}/zh/") and h not in switch]
+                outside = [h for h in hrefs if re.search(r"colab\.research\.google\.com|github\.com/.*/(blob|edit)/", h)
+                           and "/zh/" not in h]
+                path = shot(page, f"site-zh-notebook-links-{width}.png")
+                assert not stray and not outside, (
+                    f"{rel} links out of the Chinese edition: {stray[:5]} {outside[:5]} ({path})")
+                colab = [h for h in hrefs if "colab.research.google.com/github/" in h]
+                assert colab and all("/zh/course/" in h or "/zh/exercises/" in h for h in colab), (rel, colab)
+
+            # The course map on the home page, both editions.
+            for prefix in ("", "zh/"):
+                page.goto(f"{base}/{prefix}index.html")
+                table = page.locator(".course-map table").first
+                table.scroll_into_view_if_needed()
+                box = table.bounding_box()
+                path = screenshot_around(page, table, SCREENSHOTS / f"site-{prefix.strip('/') or 'en'}-course-map-{width}.png",
+                                         margin=10) if box["height"] < 4000 else shot(page, "site-course-map-too-tall.png")
+                text = table.inner_text()
+                assert "measured" not in text and "not timed" not in text and "实测" not in text and "负载" not in text, (
+                    f"the course map shows maintainers' notes ({path}): {text[:300]}")
+                wide = page.evaluate("() => document.documentElement.scrollWidth")
+                assert wide <= width, f"the home page is {wide} px wide at {width} px ({path})"
+                cards = page.evaluate("() => getComputedStyle(document.querySelector('.course-map tbody tr')).display")
+                assert (cards == "block") == (width < 500), f"course map rows display {cards} at {width} px ({path})"
+                if width < 500:
+                    assert box["height"] < 3000, f"the course map is {box['height']:.0f} px tall on a phone ({path})"
+
+            # Code: a wrapped line starts right of the line it continues (course-code.js), and
+            # the copy button (sphinx-copybutton) copies exactly the cell's code.
+            page.goto(f"{base}/course/01_device_basics.html")
+            pre = page.locator("div.cell_input div.highlight pre").first
+            pre.scroll_into_view_if_needed()
+            wrapped = page.evaluate(_WRAPPED_LINES)
+            path = shot(page, f"site-code-wrap-copy-{width}.png")
+            if width < 500:
+                assert wrapped, f"no code line of lesson 01 wraps at {width} px ({path})"
+            starts = [w for w in wrapped if w[2] <= w[1] + 1]
+            assert not starts, f"wrapped parts start where their line does (a new statement?): {starts[:3]} ({path})"
+            page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+            pre.hover()
+            page.locator("div.cell_input button.copybtn").first.click()
+            copied = page.evaluate("navigator.clipboard.readText()")
+            setup = next(c.source for c in notebooks.read(ROOT / "course" / "01_device_basics.ipynb").cells
+                          if c.cell_type == "code")
+            assert copied == setup.rstrip("\n"), f"the copy button copied {copied[:200]!r} ({path})"
+
+            # The cheat sheet's Errors table: each row's Chapter link on screen (cards on a phone).
+            for prefix in ("", "zh/"):
+                page.goto(f"{base}/{prefix}CHEATSHEET.html#{SAME_DEVICE_ROW}")
+                chapter = page.locator(f"tr:has(#{SAME_DEVICE_ROW}) td").nth(3)
+                chapter.scroll_into_view_if_needed()
+                box = chapter.locator("a").first.bounding_box()
+                path = shot(page, f"site-{prefix.strip('/') or 'en'}-cheatsheet-errors-{width}.png")
+                assert box and 0 <= box["x"] and box["x"] + box["width"] <= width, (
+                    f"the Chapter link of an error row is off screen at {width} px: {box} ({path})")
+
+            # Figures: numbered, described by the lesson's words (alt text too), enlarged on a tap.
+            for prefix, number in (("", "Figure 1"), ("zh/", "图 1")):
+                page.goto(f"{base}/{prefix}course/01_device_basics.html")
+                img = page.locator("figure.course-figure > img").first
+                img.scroll_into_view_if_needed()
+                page.wait_for_function("i => i.complete && i.naturalWidth > 100", arg=img.element_handle())
+                alt, caption = img.get_attribute("alt"), page.locator("figure.course-figure > figcaption").first.inner_text()
+                path = shot(page, f"site-{prefix.strip('/') or 'en'}-figure-{width}.png")
+                assert caption.startswith(number) and len(caption) > len(number) + 10 and alt == caption, (
+                    f"the figure's caption {caption!r}, alt {alt!r} ({path})")
+                inline = img.bounding_box()["width"]
+                img.click()
+                dialog = page.locator("dialog.course-figure-dialog")
+                page.wait_for_function("() => document.querySelector('dialog.course-figure-dialog')?.open")
+                big = dialog.locator("img")
+                page.wait_for_function("i => i.complete && i.naturalWidth > 100", arg=big.element_handle())
+                path = shot(page, f"site-{prefix.strip('/') or 'en'}-figure-enlarged-{width}.png")
+                natural = big.evaluate("i => i.naturalWidth")
+                assert big.bounding_box()["width"] >= min(natural, inline) and (
+                    width > natural or big.bounding_box()["width"] > inline * 1.5), (
+                    f"the figure did not open enlarged: {inline} px inline, {big.bounding_box()} in the dialog ({path})")
+                page.keyboard.press("Escape")
+                page.wait_for_function("() => !document.querySelector('dialog.course-figure-dialog').open")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    theme = [m for m in console_errors if "theme mode" in m]
+    assert not theme, theme
+
+
+SAME_DEVICE_ROW = "error-expected-all-tensors-to-be-on-the-same-device"
+
+
+def test_every_page_has_one_viewport_tag(site):
+    """Three viewport meta tags were on every page (Sphinx's, one in `metatags`, the theme's)."""
+    pages = website.site_pages(site["html"])
+    counts = {p.relative_to(site["html"]).as_posix(): p.read_text(encoding="utf-8").count('name="viewport"')
+              for p in pages}
+    assert len(pages) > 50 and not {p: n for p, n in counts.items() if n != 1}, counts
+
+
+# Each wrapped line of a code cell: [its first characters, where its first part starts, where
+# its later parts start] (px from the left).
+_WRAPPED_LINES = """() => { const out = [];
+  for (const s of document.querySelectorAll('div.cell_input span.course-line')) {
+    const r = document.createRange(); r.selectNodeContents(s);
+    const rects = [...r.getClientRects()].filter(x => x.width > 0);
+    if (!rects.length) continue;
+    const top = rects[0].top, first = rects.filter(x => Math.abs(x.top - top) < 2), later = rects.filter(x => x.top > top + 2);
+    if (later.length) out.push([s.textContent.slice(0, 40), Math.min(...first.map(x => x.left)),
+                                Math.min(...later.map(x => x.left))]);
+  }
+  return out; }"""

@@ -478,6 +478,9 @@ def _inner(assignment: str | None, value: str, root: Path, depth: int) -> tuple[
 
 _ENAME = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Warning)\b: ")
 _TEST_LINE = re.compile(r"\s*\(test line \d+\)$")  # what feedback pages add (nbgrader_ext)
+# A feedback page's "a hidden test failed: " before what a hidden test observed
+# (coursetools/instructor/nbgrader_ext.py: HIDDEN_FAILED_SAID): not part of a template.
+_HIDDEN_SAID = re.compile(r"^a hidden test failed: ")
 
 
 YOUR_CODE_RAISED = N_("your code raised {ename} while this test ran: the message above is your code's own, "
@@ -509,5 +512,5 @@ def hint(assignment: str | None, message: str, root: Path = layout.ROOT) -> str:
 
     if not message.strip() or CJK.search(message):
         return ""
-    text = _TEST_LINE.sub("", message.strip())
+    text = _HIDDEN_SAID.sub("", _TEST_LINE.sub("", message.strip()))
     return translate(assignment, _ENAME.sub("", text, count=1), root) or translate(assignment, text, root) or ""
