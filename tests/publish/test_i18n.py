@@ -201,6 +201,26 @@ def test_chinese_notebook_runs_the_english_code(fresh, src):
                 assert meta.get("checksum") == compute_checksum(zh), f"cell {i}: a Chinese locked cell's checksum is its own"
 
 
+def test_grade_class_does_not_flag_a_chinese_submissions_locked_cells(tmp_path):
+    """A Chinese submission's locked cells read Chinese, so their checksum is the Chinese
+    release's: grade-class's summary must not call them edited; an edited one still is."""
+    from types import SimpleNamespace
+    from coursetools.instructor.classroom import Classroom
+
+    name = "01_device_basics"
+    (tmp_path / "release" / name).mkdir(parents=True)
+    (tmp_path / "submitted" / "wang" / name).mkdir(parents=True)
+    nbformat.write(notebooks.read(layout.release_notebook(name)), tmp_path / "release" / name / f"{name}.ipynb")
+    chinese = notebooks.read(ROOT / "zh/exercises" / name / f"{name}.ipynb")
+    submitted = tmp_path / "submitted" / "wang" / name / f"{name}.ipynb"
+    nbformat.write(chinese, submitted)
+    room = SimpleNamespace(course=tmp_path, release_dir=lambda: tmp_path / "release")
+    assert Classroom._cell_changes(room, "wang", name) == []
+    next(c for c in chinese.cells if notebooks.grade_id(c) == "test_common_device").source += "\npass"
+    nbformat.write(chinese, submitted)
+    assert Classroom._cell_changes(room, "wang", name) == ["edited test_common_device (restored)"]
+
+
 def test_chinese_exercise_says_its_messages_and_setup_in_chinese(fresh):
     """Exercise 01 in Chinese: its tests' messages, the hints they hand to the helpers, the
     helpers' own words and the setup cell's line read Chinese, with Colab's Chinese menu."""
