@@ -219,8 +219,17 @@ def _message_translation(lookup: catalog.Lookup, keys: dict[str, str], msgid: st
 def printed_pieces(src: Source, source: str, message_keys: dict[str, str]) -> list[pycode.Piece]:
     """The said literals of a cell that are PO entries of their own ("printed line"): prose
     (two English words or more), not a test message the PO already has."""
-    return [p for p in pycode.said(source, messages=src.kind == "exercise") if testmessages._is_prose(p.node)  # type: ignore[attr-defined]
+    return [p for p in pycode.said(source, messages=src.kind == "exercise") if _said_prose(p.node)  # type: ignore[attr-defined]
             and catalog.squash(p.msgid) not in message_keys]
+
+
+def _said_prose(node) -> bool:
+    """Words to translate: testmessages' prose (two words outside parentheses and quotes), or a
+    sentence in parentheses ("(How to fix: ...)", three words or more)."""
+    if testmessages._is_prose(node):
+        return True
+    text = re.sub(r"\{[^{}]*\}|'[^']*'|\"[^\"]*\"", " ", pycode.literal_text(node))
+    return len([w for w in text.split() if re.fullmatch(r"\(?[A-Za-z][a-z]+[,.;:!?)]*", w)]) >= 3
 
 
 def templates(src: Source, root: Path = layout.ROOT) -> list[catalog.Template]:
