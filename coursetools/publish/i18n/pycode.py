@@ -248,7 +248,8 @@ def said_nodes(tree: ast.AST, data: bool = False, messages: bool = True) -> list
                 found.append(n)
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _call_name(node.func) == "print":
+        if (isinstance(node, ast.Call) and _call_name(node.func) == "print"
+                and not any(k.arg == "file" for k in node.keywords)):  # print(..., file=x): the program's, not the reader's
             for arg in node.args:
                 add(_outer_strings(arg))
         elif not messages:
