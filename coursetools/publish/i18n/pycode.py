@@ -198,7 +198,7 @@ def magic_lines(source: str) -> list[str]:
 # for the reader (a verdict, a summary, the setup cell's "No GPU found"), a test's failure
 # message, the hint handed to the tests' helpers, the fix a test gives. In the Chinese
 # edition these string literals are Chinese; everything else of the code stays the English
-# program (`without_words(..., literals=True)` is what the edition's check compares).
+# program (`without_said` is what the edition's check and the site's same_code compare).
 HINTED_CALLS = {"fix_hint": (0,), "call_answer": (1, 2), "expect_error": (2,)}  # testmessages.HINTED_CALLS
 COLAB_PREFIX = "https://colab.research.google.com/github/"
 
