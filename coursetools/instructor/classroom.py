@@ -474,6 +474,7 @@ class Classroom:
         except notebooks.NotebookError:
             return []
         mine = {notebooks.grade_id(c): c for c in submitted.cells if notebooks.grade_id(c)}
+        chinese = chinese_release_checksums(assignment)
         flags = []
         for cell in released.cells:
             name = notebooks.grade_id(cell)
@@ -482,7 +483,7 @@ class Classroom:
             if name not in mine:
                 flags.append(f"deleted {name} (restored)")
                 continue
-            elif compute_checksum(mine[name]) != notebooks.nbgrader_meta(cell).get("checksum"):
+            elif compute_checksum(mine[name]) not in {notebooks.nbgrader_meta(cell).get("checksum"), chinese.get(name)}:
                 flags.append(f"edited {name} (restored)")
         # An answer cell the student deleted: nbgrader_ext.RestoreDeletedAnswers put it back empty.
         for cell in released.cells:
@@ -491,6 +492,20 @@ class Classroom:
             if name and meta.get("solution") and not meta.get("grade") and name not in mine:
                 flags.append(f"deleted answer cell {name} (restored empty: graded as unanswered)")
         return flags
+
+
+def chinese_release_checksums(assignment: str, root: Path = layout.ROOT) -> dict[str, str]:
+    """grade id -> checksum of each locked cell of the Chinese edition's release (zh/exercises/):
+    its test messages, comments and setup line are Chinese (coursetools/publish/i18n/build.py),
+    so a Chinese submission's untouched locked cell has that checksum, not the English one.
+    nbgrader grades the English cell either way (it restores every locked cell)."""
+    path = root / "zh" / layout.release_notebook(assignment, root).relative_to(root)
+    try:
+        nb = notebooks.read(path)
+    except notebooks.NotebookError:
+        return {}
+    return {notebooks.grade_id(c): notebooks.nbgrader_meta(c).get("checksum")
+            for c in nb.cells if notebooks.grade_id(c) and notebooks.is_locked(c)}
 
 
 def _notebooks_in(folder: Path) -> list[Path]:

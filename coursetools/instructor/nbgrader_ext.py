@@ -177,8 +177,8 @@ def fix_details(fix: str, chinese: str = "") -> NotebookNode:
     summary, plain = "How to fix", f"How to fix: {fix}"
     if chinese:
         summary = "How to fix · 如何修正"
-        body += f'<br><span lang="zh-CN">提示：{html.escape(chinese)}</span>'
-        plain += f"\n提示：{chinese}"
+        body += f'<br><span lang="zh-CN">修正方法：{html.escape(chinese)}</span>'  # 提示 is the observation's
+        plain += f"\n修正方法：{chinese}"
     return v4.new_output("display_data", data={
         "text/html": f"<details><summary>{summary}</summary><p>{body}</p></details>",
         "text/plain": plain})

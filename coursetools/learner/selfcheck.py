@@ -28,7 +28,9 @@ The report is in Chinese for a notebook of the Chinese edition (or with `--lang 
 self-check's own words come from locale/zh_CN/tools/messages.po, the test descriptions from
 the exercise's PO file (coursetools/publish/i18n); each test's own message stays as the test
 wrote it (English, for searching), with its Chinese under it, `提示：…`, read from the same PO
-file's templates (coursetools/publish/i18n/testmessages.py).
+file's templates (coursetools/publish/i18n/testmessages.py); with --explain, the English fix
+under "How to fix:" and the Chinese one under `修正方法：…`. Every failure has a fix: one the
+test gives, or the self-check's own (an unanswered question, an error of the learner's code).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from coursetools.learner import lab
 from coursetools import layout, notebooks
 from coursetools.grading import hints, review
 from coursetools.grading.execute import CELL_TIMEOUT_S, KernelStartError, Outcome, course_helpers, execute_resilient
-from coursetools.publish.i18n import describe_test, language, notebook_language, set_language, testmessages, tr
+from coursetools.publish.i18n import N_, describe_test, language, notebook_language, set_language, testmessages, tr
 from coursetools.notebooks import NotebookError
 
 
@@ -138,13 +140,22 @@ def rebuild(learner: NotebookNode, source: NotebookNode, visible_only: bool = Fa
     return graded
 
 
+# The fixes of the failures the tests do not word themselves (every failure has one, issue 55):
+# English in the message, like a test's own fix; the Chinese report adds their translation.
+NOT_ANSWERED_FIX = N_("write your answer in the answer cell above this test, in place of "
+                      "`raise NotImplementedError()`, and run that cell before the tests")
+RAISED_FIX = N_("the error is your code's own, raised at the line named above: read its message there "
+                "(print the .device and .dtype of the tensors on that line), fix your answer, and run "
+                "the answer cell again")
+
+
 def _message(cell: NotebookNode, outcome: Outcome) -> str:
     if outcome is Outcome.NOT_RUN:
         return tr("did not run: the kernel crashed or hung too often before this test")
     for out in cell.outputs:
         if out.output_type == "error":
             if out.ename == "NotImplementedError" and not out.evalue.strip():
-                return tr("not answered yet: the answer cell still raises NotImplementedError")
+                return tr("not answered yet: the answer cell still raises NotImplementedError") + hints.FIX_MARKER + NOT_ANSWERED_FIX
             if out.ename == "NameError":
                 return f"NameError: {out.evalue} " + tr("(did the answer cell run without an error?)")
             if out.ename == "AssertionError":
@@ -153,7 +164,7 @@ def _message(cell: NotebookNode, outcome: Outcome) -> str:
                 # "not answered yet", and the hint and the error stay two sentences.
                 hint, raised, error = out.evalue.partition(ANSWER_RAISED)
                 if raised and re.fullmatch(r"NotImplementedError:?\s*", error):
-                    return tr("not answered yet: the answer cell still raises NotImplementedError")
+                    return tr("not answered yet: the answer cell still raises NotImplementedError") + hints.FIX_MARKER + NOT_ANSWERED_FIX
                 if raised:
                     hint = hint.rstrip()
                     return (f"{out.ename}: {hint}{'' if hint.endswith(('.', ':', ';')) else '.'} "
@@ -163,7 +174,7 @@ def _message(cell: NotebookNode, outcome: Outcome) -> str:
             if where:  # not a check that failed: the code under test raised while the test ran
                 observed, fix = hints.split(out.evalue)
                 return (f"{out.ename}: {observed}".strip() + "  " + tr("[raised by your code, {where}]").format(where=where)
-                        + (hints.FIX_MARKER + fix if fix else ""))
+                        + hints.FIX_MARKER + (fix or RAISED_FIX))
             return f"{out.ename}: {out.evalue}".strip()
         if out.output_type == "stream" and out.get("name") == "stderr":
             first = out.text.strip().splitlines()[0] if out.text.strip() else ""
@@ -258,9 +269,9 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
         if observed:
             lines.append(textwrap.indent(textwrap.fill(_shorten(observed), width=96), " " * 12))
             lines += _chinese_lines(name, observed, 12)
-        if fix and explain:
-            lines.append(textwrap.indent(textwrap.fill(tr("How to fix: ") + _shorten(fix), width=96), " " * 14))
-            lines += _chinese_lines(name, fix, 14, fix=True)
+        if fix and explain:  # the English fix under its English label; the Chinese one under 修正方法
+            lines.append(textwrap.indent(textwrap.fill("How to fix: " + _shorten(fix), width=96), " " * 14))
+            lines += _chinese_lines(name, fix, 14, fix=True, label=tr("How to fix: "))
         for reveal in r.reveal:  # after the learner's answer was graded, right or wrong
             lines.append(textwrap.indent(textwrap.fill(reveal, width=96), " " * 12))
             lines += _chinese_lines(name, reveal, 12, fix=True)
@@ -274,15 +285,21 @@ def format_report(path: Path, name: str, results: list[QuestionResult], seconds:
     return "\n".join(lines) + format_findings(findings or [])
 
 
-def _chinese_lines(assignment: str, message: str, indent: int, fix: bool = False) -> list[str]:
+def _chinese_lines(assignment: str, message: str, indent: int, fix: bool = False,
+                   label: str | None = None) -> list[str]:
+    """The Chinese line under an English one (an observation, a fix, a reveal), after its
+    label: 提示 for what was observed, 修正方法 for a fix."""
     if language() != "zh":
         return []
     ename = re.match(r"([A-Za-z_][\w.]*): ", message)
     chinese = (testmessages.hint(assignment, message) if fix
                else testmessages.failure_hint(assignment, ename.group(1) if ename else "AssertionError", message))
+    if not chinese and fix and tr(" ".join(message.split())) != " ".join(message.split()):
+        chinese = tr(" ".join(message.split()))  # a fix of the self-check's own (NOT_ANSWERED_FIX)
     if not chinese:
         return []
-    return [" " * indent + line for line in wrap_columns(tr("Hint: ") + _shorten(chinese), 96 - indent)]
+    label = tr("Hint: ") if label is None else label
+    return [" " * indent + line for line in wrap_columns(label + _shorten(chinese), 96 - indent)]
 
 
 _NO_BREAK_BEFORE = set("，。；：、）》」』”’！？,.;:)]}")
@@ -385,8 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot check {notebook}: {exc}\n(the kernel is {sys.executable} -m ipykernel; "
               "`python3 make.py lab` once reinstalls .venv if it is broken)", file=sys.stderr)
         return 2
+    # the footer's command checks the same copy again: a chapter checked in Chinese keeps --lang zh
+    # (without it `make.py check 01` takes whichever copy was saved last, and answers in its language)
+    again = f"{given} --lang zh" if chapter is not None and language() == "zh" else given
     print(format_report(notebook, name, results, time.perf_counter() - start, args.visible_only,
-                        findings, explain=args.explain, again=given))
+                        findings, explain=args.explain, again=again))
     if not results:
         return 2
     return 0 if all(r.score == r.max_score for r in results) else 1

@@ -1064,12 +1064,14 @@ def last_verified(executions: list[Execution], edition: Edition = EN) -> str:
 
 
 def same_code(english: str, chinese: str) -> bool:
-    """Whether two code cells are the same code apart from their comments and docstrings (what
-    the Chinese edition translates), so that one's outputs are the other's."""
+    """Whether two lesson code cells are the same code apart from their comments, docstrings and
+    printed lines (what the Chinese edition translates: pycode.said), so that one's outputs are
+    the other's. (The outputs stay the English run's: its printed lines are English.)"""
     from coursetools.publish.i18n import pycode
 
     try:
-        return pycode.without_words(english) == pycode.without_words(chinese) \
+        return pycode.without_said(english, True, False, english=english) == \
+            pycode.without_said(chinese, True, False, english=english) \
             and pycode.magic_lines(english) == pycode.magic_lines(chinese)
     except SyntaxError:
         return english == chinese

@@ -365,7 +365,7 @@ def _shard_class(name: str, index: int, students: list[str]) -> type:
                              if o.output_type == "display_data"]
                     error = next((o for o in folded.outputs if o.output_type == "error"), None)
                     said = error is not None and any(text.startswith("提示：") for text in shown)
-                    fix_said = all("提示：" in text for text in shown if text.startswith("How to fix"))
+                    fix_said = all("修正方法：" in text for text in shown if text.startswith("How to fix"))
                     own = (error is not None and error.ename == "AssertionError"
                            and _tests_own_message(g.source, gid, error.evalue))
                     translated = error is not None and testmessages.hint(name, hints.split(error.evalue)[0])

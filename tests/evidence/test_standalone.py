@@ -318,3 +318,62 @@ def test_harness_runs_in_an_interpreter_of_its_own(colab_env):
     assert Path(sys.prefix).resolve() != colab_env.root.resolve()
     assert {"torch", "numpy", "matplotlib"} <= set(colab_env.packages)
     assert not {"nbgrader", "nbval", "pytest", "nbclient"} & {p.lower() for p in colab_env.packages}
+
+
+# --------------------------------------------------------------------------------------
+# The Chinese edition, alone as Colab runs it (issue 55): two notebooks, not the whole edition
+# (the edition is the English program, tests/publish/test_i18n.py; lesson 01 runs in Chinese
+# JupyterLab, tests/publish/test_i18n_browser.py)
+# --------------------------------------------------------------------------------------
+
+ZH_WRONG = ("pick_device_hardcodes_cpu", "common_device_unnamed_error")  # exercise 01's two wrong answers
+CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+def _chinese_run(nb, colab_env, tmp_path, filename: str) -> standalone.RunResult:
+    return standalone.run_notebook(nb, tmp_path / "colab", filename=filename, timeout=CELL_TIMEOUT_S,
+                                   client_kwargs=colab_env.client_kwargs(), kernel_env=colab_env.kernel_env(),
+                                   strict=False)
+
+
+def _setup_line_is_chinese(result: standalone.RunResult) -> None:
+    setup = result.setup_report
+    match = standalone.SETUP_REPORT.search(setup)
+    assert match, setup
+    if match.group(2) == "cpu":  # Colab's Chinese menu, the English in brackets
+        assert "没有找到 GPU" in setup and "代码执行程序 → 更改运行时类型" in setup and "Change runtime type" in setup, setup
+
+
+def test_chinese_exercise_with_two_wrong_answers_speaks_chinese_alone(colab_env, tmp_path):
+    """The Chinese exercise 01, two wrong answers typed in, run alone as Colab runs it: the
+    failing tests (and only those) fail, each with its message in Chinese; the setup line is Chinese."""
+    name = "01_device_basics"
+    answers = fixtures.reference_answers(notebooks.read(layout.source_notebook(name)))
+    wrong = [fixtures.load(layout.SUBMISSIONS_DIR / name / f"{fx}.toml") for fx in ZH_WRONG]
+    for fx in wrong:
+        answers.update(fx.answers)
+    nb = fixtures.fill(notebooks.read(ROOT / "zh" / "exercises" / name / f"{name}.ipynb"), answers)
+    result = _chinese_run(nb, colab_env, tmp_path, f"{name}.ipynb")
+    errors = {notebooks.grade_id(cell): out for cell in result.executed_nb.cells
+              for out in cell.get("outputs", []) if out.get("output_type") == "error"}
+    expected = {gid for fx in wrong for gid in fx.loses}
+    assert set(errors) == expected, f"failing cells {sorted(errors)}, expected {sorted(expected)}"
+    for gid, out in errors.items():
+        assert out.ename == "AssertionError" and CJK.search(out.evalue), f"{gid}: {out.ename}: {out.evalue[:300]}"
+    _setup_line_is_chinese(result)
+    notebooks.write(result.executed_nb, tmp_path / "executed.ipynb")
+    print(f"Chinese exercise 01, two wrong answers, alone: {len(errors)} failing tests, each in Chinese, e.g.\n"
+          f"{next(iter(errors.values())).evalue}")
+
+
+def test_chinese_lesson_08_alone_finds_the_lesson_in_chinese(colab_env, tmp_path):
+    """The Chinese lesson 08 runs alone without an error, and its find_lesson() answers in
+    Chinese (cause, fix) with the Chinese lessons' paths and Colab links."""
+    nb = notebooks.read(ROOT / "zh" / "course" / "08_troubleshooting.ipynb")
+    result = _chinese_run(nb, colab_env, tmp_path, "08_troubleshooting.ipynb")
+    assert not result.problems, result.problems
+    _setup_line_is_chinese(result)
+    printed = ["".join(o.get("text", "") for o in c.get("outputs", []) if o.get("output_type") == "stream")
+               for c in result.executed_nb.cells if c.cell_type == "code" and "def find_lesson" in c.source]
+    assert printed and "原因：" in printed[0] and "修正：" in printed[0], printed
+    assert "zh/course/01_device_basics.ipynb" in printed[0] and "/blob/main/zh/course/01_device_basics.ipynb" in printed[0]

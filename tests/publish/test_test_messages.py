@@ -162,7 +162,11 @@ def test_check_report_prints_the_chinese_under_the_english_and_the_fix_only_when
     assert brief.count("提示：") == 1, brief  # the fix's Chinese only with --explain
     english_report = selfcheck.format_report(Path("x.ipynb"), "01_device_basics", [_failing_result(message)], 1.0, False)
     assert "提示" not in english_report
-    assert full.count("提示：") == 2, full
+    # with --explain the fix: the English under "How to fix:", the Chinese under 修正方法 (issue 55:
+    # 提示 stays the observation's label)
+    assert full.count("提示：") == 1 and full.count("修正方法：") == 1 and "How to fix: " in full, full
+    fix_line = next(i for i, line in enumerate(full.splitlines()) if "修正方法：" in line)
+    assert i18n.CJK.search(full.splitlines()[fix_line].split("修正方法：", 1)[1]), full
 
 
 def test_feedback_page_cell_gets_the_chinese_hint_and_a_bilingual_fix():
@@ -185,7 +189,7 @@ def test_feedback_page_cell_gets_the_chinese_hint_and_a_bilingual_fix():
     assert kinds == ["error", "display_data", "display_data"], kinds
     assert cell.outputs[1].data["text/plain"].startswith("提示：") and "cuda:0" in cell.outputs[1].data["text/plain"]
     details = cell.outputs[2].data["text/html"]
-    assert "<details>" in details and fix.split()[0] in details and "提示：" in details
+    assert "<details>" in details and fix.split()[0] in details and "修正方法：" in details and "提示：" not in details
     hidden = v4.new_code_cell("assert False")
     hidden.metadata = cell.metadata
     hidden.outputs = [v4.new_output("error", ename="AssertionError", traceback=[],

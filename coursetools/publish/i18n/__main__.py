@@ -31,12 +31,13 @@ from coursetools.publish.i18n import MESSAGES, TOOL_MODULES, build, catalog, che
 
 
 def tool_templates(root: Path = layout.ROOT) -> list[catalog.Template]:
-    """The strings the tools pass to `tr("...")` (the self-check's and make.py lab's words)."""
+    """The strings the tools pass to `tr("...")` or mark with `N_("...")` (the self-check's and
+    make.py lab's words)."""
     found: dict[str, catalog.Template] = {}
     for module in TOOL_MODULES:
         tree = ast.parse((root / module).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "tr"
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("tr", "N_")
                     and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
                 t = found.setdefault(node.args[0].value, catalog.Template(node.args[0].value))
                 t.occurrences.append((module, str(node.lineno)))

@@ -184,6 +184,54 @@ def _code_cell_translated(src: Source, cell) -> bool:
     return src.kind == "lesson" or (src.kind == "exercise" and notebooks.is_solution(cell))
 
 
+def _says_in_chinese(src: Source, cell) -> bool:
+    """Whose printed lines and messages the edition translates (pycode.said): every code cell of
+    a lesson; in an exercise the locked cells (setup, helpers, tests), whose messages the learner
+    reads when a test fails. nbgrader grades the English cells all the same: it puts every
+    locked cell back from its gradebook (see build_notebook)."""
+    return src.kind == "lesson" or (src.kind == "exercise" and not notebooks.is_solution(cell))
+
+
+def _message_keys(src: Source, root: Path) -> dict[str, str]:
+    """An exercise's test-message templates (squashed): a literal that is one of them is
+    translated by its entry (msgctxt "test message"), not by a "printed line" of its own."""
+    if src.kind != "exercise":
+        return {}
+    keys: dict[str, str] = {}
+    for msgid, _ in testmessages.exercise_templates(Path(src.path).stem, root):
+        keys[catalog.squash(msgid)] = msgid
+        # `"..." + HOW` (HOW = fix_hint()): the template ends in the hole {HOW}, the literal without it
+        tail = re.search(r"\{[A-Za-z_][A-Za-z_0-9]*\}$", msgid)
+        if tail:
+            keys.setdefault(catalog.squash(msgid[:tail.start()]), msgid)
+    return keys
+
+
+def _message_translation(lookup: catalog.Lookup, keys: dict[str, str], msgid: str) -> str | None:
+    template = keys[catalog.squash(msgid)]
+    found = lookup.get(template, catalog.CONTEXTS["message"])
+    if found and template != msgid and catalog.squash(template) != catalog.squash(msgid):
+        hole = template[len(template.rstrip("}").rsplit("{", 1)[0]):]  # the trailing {NAME}
+        found = found[:-len(hole)] if found.endswith(hole) else None
+    return found
+
+
+def printed_pieces(src: Source, source: str, message_keys: dict[str, str]) -> list[pycode.Piece]:
+    """The said literals of a cell that are PO entries of their own ("printed line"): prose
+    (two English words or more), not a test message the PO already has."""
+    return [p for p in pycode.said(source, messages=src.kind == "exercise") if _said_prose(p.node)  # type: ignore[attr-defined]
+            and catalog.squash(p.msgid) not in message_keys]
+
+
+def _said_prose(node) -> bool:
+    """Words to translate: testmessages' prose (two words outside parentheses and quotes), or a
+    sentence in parentheses ("(How to fix: ...)", three words or more)."""
+    if testmessages._is_prose(node):
+        return True
+    text = re.sub(r"\{[^{}]*\}|'[^']*'|\"[^\"]*\"", " ", pycode.literal_text(node))
+    return len([w for w in text.split() if re.fullmatch(r"\(?[A-Za-z][a-z]+[,.;:!?)]*", w)]) >= 3
+
+
 def templates(src: Source, root: Path = layout.ROOT) -> list[catalog.Template]:
     """The msgids of one English source, in order, each once (with every place it occurs)."""
     found: dict[tuple[str | None, str], catalog.Template] = {}
@@ -196,6 +244,7 @@ def templates(src: Source, root: Path = layout.ROOT) -> list[catalog.Template]:
 
     if src.is_notebook:
         nb = notebooks.read(root / src.path)
+        message_keys = _message_keys(src, root)
         for i, cell in enumerate(nb.cells):
             where = (src.path, str(i))
             if cell.cell_type == "markdown" and RECORD_TAG not in cell.metadata.get("tags", []):
@@ -203,6 +252,9 @@ def templates(src: Source, root: Path = layout.ROOT) -> list[catalog.Template]:
             elif cell.cell_type == "code" and _code_cell_translated(src, cell):
                 for piece in pycode.pieces(cell.source):
                     add(piece.msgid, catalog.CONTEXTS[piece.kind], where, piece.kind)
+            if cell.cell_type == "code" and _says_in_chinese(src, cell):
+                for piece in printed_pieces(src, cell.source, message_keys):
+                    add(piece.msgid, catalog.CONTEXTS["printed"], where, "python-brace-format")
             if src.kind == "exercise" and notebooks.is_test_cell(cell):
                 what = notebooks.first_comment(cell.source)
                 if what:
@@ -362,17 +414,103 @@ def notebook_text(nb) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def build_notebook(src: Source, lookup: catalog.Lookup, links: Links,
-                   root: Path = layout.ROOT) -> tuple[str, Stats]:
-    nb = copy.deepcopy(notebooks.read(root / src.path))
-    stats = Stats()
+def table_cells(nb, lookup: catalog.Lookup) -> dict[str, str]:
+    """English table cell -> its Chinese, from the notebook's translated table rows: a string
+    of the code that a table of the notebook shows (lesson 08's INDEX, shown as its error
+    table) is said in the words of the Chinese table."""
+    out: dict[str, str] = {}
     for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        lines, units = markdown.split(cell.source)
+        for unit in units:
+            if unit.kind != "row" or not unit.translatable:
+                continue
+            english = markdown.msgid_of(lines, unit)
+            chinese = lookup.get(english)
+            if not chinese:
+                continue
+            en_cells = [c.strip() for c in english.strip().strip("|").split(" | ")]
+            zh_cells = [c.strip() for c in chinese.strip().strip("|").split(" | ")]
+            if len(en_cells) == len(zh_cells):
+                for en, zh in zip(en_cells, zh_cells):
+                    if en and zh and en != zh and markdown.CJK.search(zh):
+                        out.setdefault(en.replace("{", "{{").replace("}", "}}"), zh.replace("{", "{{").replace("}", "}}"))
+    return out
+
+
+def translate_said(src: Source, cell, lookup: catalog.Lookup, stats: Stats, message_keys: dict[str, str],
+                   table: dict[str, str]) -> str:
+    """A cell's said literals (pycode.said) in Chinese: an exercise's test messages from their
+    "test message" entries, a Colab address of the course's lessons to the Chinese lessons, a
+    string a table of the notebook shows from that table, the rest from "printed line"."""
+    entries = {p.msgid for p in printed_pieces(src, cell.source, message_keys)}
+    ctxt = catalog.CONTEXTS["printed"]
+
+    def get(msgid: str) -> str | None:
+        if src.kind == "exercise" and catalog.squash(msgid) in message_keys:
+            return _message_translation(lookup, message_keys, msgid)
+        if msgid.startswith(pycode.COLAB_PREFIX) and msgid.endswith("/course/"):
+            return msgid[:-len("course/")] + f"{ZH_DIR}/course/"
+        if src.kind == "lesson" and re.search(r"(^|\s)course/\{", msgid) and msgid not in entries:
+            return re.sub(r"(^|\s)course/\{", rf"\1{ZH_DIR}/course/{{", msgid)  # find_lesson's lesson paths
+        if msgid in entries:
+            stats.note(msgid, ctxt, lookup.state(msgid, ctxt))
+            return lookup.get(msgid, ctxt)
+        return table.get(msgid)
+
+    lesson = src.kind == "lesson"
+    return pycode.translate_said(cell.source, get, data=lesson, messages=not lesson)[0]
+
+
+def translate_locked(cell, lookup: catalog.Lookup, shared: catalog.Lookup) -> str:
+    """A locked cell's comments and docstrings (a test cell's docstring is its "test
+    description"), from the exercise's PO file or, for the cells every notebook shares (setup),
+    from any PO file of the edition. They are no PO entries of the exercise's own: an English
+    comment without a translation stays English."""
+    test = notebooks.is_test_cell(cell)
+
+    def get(kind: str, msgid: str) -> str | None:
+        if kind == "docstring" and test:
+            found = lookup.get(msgid, catalog.CONTEXTS["test"]) or lookup.get(" ".join(msgid.split()), catalog.CONTEXTS["test"])
+            if found:
+                return found
+        ctxt = catalog.CONTEXTS[kind]
+        return lookup.get(msgid, ctxt) or shared.get(msgid, ctxt)
+    return pycode.translate(cell.source, get)[0]
+
+
+def _checksum(cell) -> str:
+    from nbgrader.utils import compute_checksum
+    return compute_checksum(cell)
+
+
+def build_notebook(src: Source, lookup: catalog.Lookup, links: Links,
+                   root: Path = layout.ROOT, shared: catalog.Lookup | None = None) -> tuple[str, Stats]:
+    english = notebooks.read(root / src.path)
+    nb = copy.deepcopy(english)
+    stats = Stats()
+    shared = shared or catalog.Lookup(None)
+    message_keys = _message_keys(src, root)
+    table = table_cells(english, lookup)
+    for index, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown" and RECORD_TAG not in cell.metadata.get("tags", []):
             cell.source = links.rewrite(translate_markdown(cell.source, lookup, stats), src.path, src.target)
         elif cell.cell_type == "code" and _code_cell_translated(src, cell):
             cell.source = translate_code(cell.source, lookup, stats)
+        elif cell.cell_type == "code" and src.kind == "exercise":
+            cell.source = translate_locked(cell, lookup, shared)
+        if cell.cell_type == "code" and _says_in_chinese(src, cell):
+            cell.source = translate_said(src, cell, lookup, stats, message_keys, table)
+        # A locked cell in Chinese is released with its own checksum (nbgrader validate, and
+        # the grader's "as released" test, see it unedited); autograde puts the English cell
+        # back from the gradebook, so a Chinese submission is graded by the English program.
+        meta = cell.metadata.get("nbgrader", {})
+        if src.kind == "exercise" and meta.get("locked") and meta.get("checksum"):
+            if cell.source != english.cells[index].source:
+                meta["checksum"] = _checksum(cell)
         if src.kind == "exercise" and notebooks.is_test_cell(cell):
-            what = notebooks.first_comment(cell.source)
+            what = notebooks.first_comment(english.cells[index].source)
             if what:
                 stats.note(what, catalog.CONTEXTS["test"], lookup.state(what, catalog.CONTEXTS["test"]))
     if src.kind == "exercise":  # shown by `make.py check` and feedback pages, not in the notebook
@@ -449,12 +587,18 @@ def build(root: Path = layout.ROOT) -> Result:
     links = links_for(root)
     members = edition(root)
     lookups = {s.path: catalog.Lookup(po_file(s, root)) for s in members}
+    shared = catalog.Lookup(None)  # every translation of the edition: the setup cell's comments
+    for each in lookups.values():
+        for key, value in each.exact.items():
+            shared.exact.setdefault(key, value)
+        for key, value in each.squashed.items():
+            shared.squashed.setdefault(key, value)
     for src in members:
         if not src.is_notebook:
             links.anchors[src.path] = heading_anchors(document_text(src, root), lookups[src.path])
     for src in members:
         if src.is_notebook:
-            text, stats = build_notebook(src, lookups[src.path], links, root)
+            text, stats = build_notebook(src, lookups[src.path], links, root, shared)
             result.outputs[src.target], result.stats[src.path] = text, stats
     for src in members:
         if not src.is_notebook:

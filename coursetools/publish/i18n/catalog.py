@@ -28,7 +28,8 @@ WRAP = 78
 FUZZY_CUTOFF = 0.6
 # msgctxt of the pieces that are not markdown (see coursetools/publish/i18n/pycode.py)
 CONTEXTS = {"comment": "code comment", "comment-after": "code comment", "docstring": "docstring",
-            "test": "test description", "message": "test message", "text": "text block"}
+            "test": "test description", "message": "test message", "text": "text block",
+            "printed": "printed line"}  # a line the code prints or says (pycode.said), holes as {field}
 
 
 @dataclass

@@ -177,7 +177,7 @@ def entry_problems(msgid: str, msgstr: str, ctxt: str | None, terms: list[Term])
         if first_en.startswith(">") and any(line.strip() and not line.startswith(">")
                                             for line in msgstr.split("\n")):
             problems.append("every line of a block quote must start with '>'")
-    elif ctxt == catalog.CONTEXTS["message"]:
+    elif ctxt in (catalog.CONTEXTS["message"], catalog.CONTEXTS["printed"]):
         wanted, given = sorted(set(testmessages.holes(msgid))), sorted(set(testmessages.holes(msgstr)))
         if wanted != given:
             problems.append(f"a test message's translation must keep its holes {wanted} as they are "
@@ -185,9 +185,10 @@ def entry_problems(msgid: str, msgstr: str, ctxt: str | None, terms: list[Term])
     elif ctxt == catalog.CONTEXTS["docstring"]:
         if '"""' in msgstr or "'''" in msgstr or msgstr.endswith("\\"):
             problems.append("a docstring's translation must not contain triple quotes or end in '\\'")
-    if ctxt == catalog.CONTEXTS["message"]:  # a hole's code is not prose
+    if ctxt in (catalog.CONTEXTS["message"], catalog.CONTEXTS["printed"]):  # a hole's code is not prose
         msgstr = "".join(p if isinstance(p, str) else " " for p in testmessages.parse(msgstr))
-    problems += glossary_problems(msgstr, terms, msgid, english_terms=ctxt not in (catalog.CONTEXTS["text"], catalog.CONTEXTS["message"]))
+    problems += glossary_problems(msgstr, terms, msgid, english_terms=ctxt not in (catalog.CONTEXTS["text"], catalog.CONTEXTS["message"],
+                                                                                     catalog.CONTEXTS["printed"]))
     return problems
 
 
