@@ -600,6 +600,28 @@ def sanitize_cell_outputs(cell: NotebookNode) -> None:
 FEEDBACK_TEMPLATE = "course_feedback"
 
 
+def _course_feedback_exporter():
+    from nbconvert.exporters import HTMLExporter
+    from traitlets import default
+
+    class CourseFeedbackExporter(HTMLExporter):
+        """The exporter of every feedback page (GenerateFeedback.exporter_class: grade-class,
+        nbgrader's own `generate_feedback` and Formgrader's button alike): the course's template
+        (`CourseFeedbackExporter.template_name`, which wins over the `HTMLExporter.template_name =
+        'feedback'` that nbgrader sets, without touching Formgrader's own 'formgrade' pages), able
+        to extend nbgrader's `feedback/index.html.j2` by that name: nbgrader's template folder is
+        searched too."""
+
+        @default("template_paths")
+        def _template_paths(self, prune=True, root_dirs=None):
+            return [*super()._template_paths(prune, root_dirs), feedback_template_dirs()[1]]
+
+    return CourseFeedbackExporter
+
+
+CourseFeedbackExporter = _course_feedback_exporter()
+
+
 def feedback_template_dirs() -> list[str]:
     """HTMLExporter.extra_template_basedirs for feedback pages: the course's own (a mathjax
     macro that loads nothing, so no page fetches from a CDN), then nbgrader's, which holds
@@ -616,7 +638,8 @@ def feedback_config(config):
     and the course's template folder first (feedback_template_dirs)."""
     from traitlets.config import Config
     out = Config(config)
-    out.HTMLExporter.template_name = FEEDBACK_TEMPLATE
+    out.GenerateFeedback.exporter_class = CourseFeedbackExporter
+    out.CourseFeedbackExporter.template_name = FEEDBACK_TEMPLATE
     if "extra_template_basedirs" not in config.get("HTMLExporter", {}):
         out.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
     if "filters" not in config.get("HTMLExporter", {}):
@@ -625,19 +648,11 @@ def feedback_config(config):
 
 
 def feedback_app(coursedir, config):
-    """nbgrader's GenerateFeedback with `feedback_config(config)`, able to find the template
-    that the course's feedback template extends (templates/course_feedback/index.html.j2
-    extends nbgrader's 'feedback/index.html.j2': GenerateFeedback sets its own
-    extra_template_paths when it starts, so nbgrader's template folder is added after)."""
+    """nbgrader's GenerateFeedback with `feedback_config(config)`: the same page as nbgrader's own
+    `generate_feedback` writes with nbgrader_config.py (test_feedback_is_what_nbgraders_generate_feedback_writes)."""
     from nbgrader.converters import GenerateFeedback
-    from traitlets.config import Config
 
-    app = GenerateFeedback(coursedir=coursedir, config=feedback_config(config))
-    extra = Config()
-    extra.HTMLExporter.extra_template_paths = [*app.config.HTMLExporter.get("extra_template_paths", []),
-                                               feedback_template_dirs()[1]]
-    app.update_config(extra)
-    return app
+    return GenerateFeedback(coursedir=coursedir, config=feedback_config(config))
 
 
 class SafeOutputs(NbGraderPreprocessor):
