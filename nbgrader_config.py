@@ -23,7 +23,7 @@ from nbgrader.preprocessors import (  # noqa: E402
 from coursetools.grading.execute import CELL_TIMEOUT_S, SUBMISSION_BUDGET_S  # noqa: E402
 from coursetools.instructor import exchange  # noqa: E402
 from coursetools.instructor.nbgrader_ext import (  # noqa: E402
-    FEEDBACK_FILTERS, FEEDBACK_TEMPLATE, ClearHiddenTestsSafely, CourseFeedbackExporter, OverwriteCellsQuietly, ResilientExecute, RestoreDeletedAnswers,
+    FEEDBACK_FILTERS, FEEDBACK_TEMPLATE, ClearHiddenTestsSafely, COURSE_FEEDBACK_EXPORTER, OverwriteCellsQuietly, ResilientExecute, RestoreDeletedAnswers,
     SafeOutputs, StripFixTexts, StripSolutionsOnly, TagStubCells, feedback_template_dirs, preflight_hook,
 )
 
@@ -88,7 +88,7 @@ c.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
 # The course's feedback page (nbgrader's, usable on a phone; templates/course_feedback), for
 # nbgrader's own generate_feedback and Formgrader's button as for grade-class; the setting is the
 # exporter's own, so Formgrader's grading pages keep their 'formgrade' template.
-c.GenerateFeedback.exporter_class = CourseFeedbackExporter
+c.GenerateFeedback.exporter_class = COURSE_FEEDBACK_EXPORTER
 c.CourseFeedbackExporter.template_name = FEEDBACK_TEMPLATE
 # HTML in feedback goes through the course's sanitizer (it keeps the collapsed "How to fix").
 c.HTMLExporter.filters = dict(FEEDBACK_FILTERS)

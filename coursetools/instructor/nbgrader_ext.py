@@ -10,12 +10,13 @@ import stat
 import tempfile
 from typing import Tuple
 
+from nbconvert.exporters import HTMLExporter
 from nbconvert.exporters.exporter import ResourcesDict
 from nbformat import v4
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor, OverwriteCells
-from traitlets import Bool, Integer, List, Unicode
+from traitlets import Bool, Integer, List, Unicode, default
 
 from coursetools.grading import execute, guard, hints, review, warm
 from coursetools import notebooks
@@ -600,26 +601,21 @@ def sanitize_cell_outputs(cell: NotebookNode) -> None:
 FEEDBACK_TEMPLATE = "course_feedback"
 
 
-def _course_feedback_exporter():
-    from nbconvert.exporters import HTMLExporter
-    from traitlets import default
+class CourseFeedbackExporter(HTMLExporter):
+    """The exporter of every feedback page (GenerateFeedback.exporter_class: grade-class,
+    nbgrader's own `generate_feedback` and Formgrader's button alike): the course's template
+    (`CourseFeedbackExporter.template_name`, which wins over the `HTMLExporter.template_name =
+    'feedback'` that nbgrader sets, without touching Formgrader's own 'formgrade' pages), able to
+    extend nbgrader's `feedback/index.html.j2` by that name: nbgrader's template folder is searched
+    too. Named by its import path in the configuration (COURSE_FEEDBACK_EXPORTER), which is
+    pickled to the grading workers."""
 
-    class CourseFeedbackExporter(HTMLExporter):
-        """The exporter of every feedback page (GenerateFeedback.exporter_class: grade-class,
-        nbgrader's own `generate_feedback` and Formgrader's button alike): the course's template
-        (`CourseFeedbackExporter.template_name`, which wins over the `HTMLExporter.template_name =
-        'feedback'` that nbgrader sets, without touching Formgrader's own 'formgrade' pages), able
-        to extend nbgrader's `feedback/index.html.j2` by that name: nbgrader's template folder is
-        searched too."""
-
-        @default("template_paths")
-        def _template_paths(self, prune=True, root_dirs=None):
-            return [*super()._template_paths(prune, root_dirs), feedback_template_dirs()[1]]
-
-    return CourseFeedbackExporter
+    @default("template_paths")
+    def _template_paths(self, prune=True, root_dirs=None):
+        return [*super()._template_paths(prune, root_dirs), feedback_template_dirs()[1]]
 
 
-CourseFeedbackExporter = _course_feedback_exporter()
+COURSE_FEEDBACK_EXPORTER = f"{__name__}.CourseFeedbackExporter"
 
 
 def feedback_template_dirs() -> list[str]:
@@ -638,7 +634,7 @@ def feedback_config(config):
     and the course's template folder first (feedback_template_dirs)."""
     from traitlets.config import Config
     out = Config(config)
-    out.GenerateFeedback.exporter_class = CourseFeedbackExporter
+    out.GenerateFeedback.exporter_class = COURSE_FEEDBACK_EXPORTER
     out.CourseFeedbackExporter.template_name = FEEDBACK_TEMPLATE
     if "extra_template_basedirs" not in config.get("HTMLExporter", {}):
         out.HTMLExporter.extra_template_basedirs = feedback_template_dirs()
