@@ -94,6 +94,19 @@ def comments(source: str) -> list[Piece]:
     return pieces
 
 
+def _char_offset(source: str):
+    """(line, column) of an ast node in `source` -> its character offset. ast's columns count
+    UTF-8 bytes: a piece on a line with a non-ASCII character (a "§", Chinese) would otherwise
+    be cut in the wrong place."""
+    starts = _offsets(source)
+    lines = source.split("\n")
+
+    def offset(lineno: int, col: int) -> int:
+        return starts[lineno - 1] + len(lines[lineno - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
+
+    return offset
+
+
 def docstrings(source: str) -> list[Piece]:
     """The docstrings of the functions and classes a cell defines (and of the cell itself)."""
     masked = _mask_magics(source)
@@ -101,13 +114,7 @@ def docstrings(source: str) -> list[Piece]:
         tree = ast.parse(masked)
     except SyntaxError:
         return []
-    starts = _offsets(source)
-    lines = source.split("\n")
-
-    def offset(lineno: int, col: int) -> int:
-        # ast's columns count UTF-8 bytes, `starts` characters: a docstring on a line with a
-        # non-ASCII character (a "§", Chinese) would otherwise be cut in the wrong place
-        return starts[lineno - 1] + len(lines[lineno - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
+    offset = _char_offset(source)
 
     pieces = []
     for node in ast.walk(tree):
@@ -373,11 +380,7 @@ def said(source: str, data: bool = False, messages: bool = True) -> list[Piece]:
         tree = ast.parse(masked)
     except SyntaxError:
         return []
-    starts = _offsets(source)
-    lines = source.split("\n")
-
-    def offset(lineno: int, col: int) -> int:
-        return starts[lineno - 1] + len(lines[lineno - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
+    offset = _char_offset(source)
 
     out = []
     for node in said_nodes(tree, data, messages):
