@@ -408,7 +408,7 @@ def build_on():
     return torch.nn.Linear(2, 2)
 '''
 
-# Round 4 (issue 54), the agent found by its name and its encoder replaced so that the wrong
+# Round 4: the agent found by its name and its encoder replaced so that the wrong
 # answer's 3 reaches the grader as the 2 the test expects.
 AGENT_BY_NAME = '''
 import pydoc

@@ -484,7 +484,7 @@ def _quiet_priority() -> List:
     """nbconvert's HTML exporter configures `NbConvertBase.display_data_priority` for every
     preprocessor it runs, and nbgrader's base class declares that trait without config=True:
     traitlets then logged "Config option `display_data_priority` not recognized" for each of
-    the two feedback preprocessors below, on every submission (issue 57). Declared configurable
+    the two feedback preprocessors below, on every submission. Declared configurable
     here, it takes the exporter's value quietly; neither preprocessor reads it."""
     return List(NbGraderPreprocessor.class_traits()["display_data_priority"].default()).tag(config=True)
 

@@ -140,7 +140,7 @@ def rebuild(learner: NotebookNode, source: NotebookNode, visible_only: bool = Fa
     return graded
 
 
-# The fixes of the failures the tests do not word themselves (every failure has one, issue 55):
+# The fixes of the failures the tests do not word themselves (every failure gets one):
 # English in the message, like a test's own fix; the Chinese report adds their translation.
 NOT_ANSWERED_FIX = N_("write your answer in the answer cell above this test, in place of "
                       "`raise NotImplementedError()`, and run that cell before the tests")

@@ -360,7 +360,7 @@ def test_answers_that_do_nothing_score_zero(name, tmp_path):
 # The arguments of each call reach the student's code in the kernel, which may record and print
 # them (docs/GRADING_SECURITY.md says so). So a hidden test hands an answer data (a device name, a
 # key, "batch-7"), never a phrase that could say what the test checks. Known exceptions: none
-# (02's str leaf that move_to must hand back unchanged is "sample-42" since issue 54).
+# (02's str leaf that move_to must hand back unchanged is "sample-42": the phrase it was, "just a string", could be recorded and printed into the feedback).
 PROSE_ARGUMENTS_KNOWN: set[tuple[str, str, str]] = set()
 
 

@@ -321,7 +321,7 @@ def test_harness_runs_in_an_interpreter_of_its_own(colab_env):
 
 
 # --------------------------------------------------------------------------------------
-# The Chinese edition, alone as Colab runs it (issue 55): two notebooks, not the whole edition
+# The Chinese edition, alone as Colab runs it: two notebooks, not the whole edition
 # (the edition is the English program, tests/publish/test_i18n.py; lesson 01 runs in Chinese
 # JupyterLab, tests/publish/test_i18n_browser.py)
 # --------------------------------------------------------------------------------------

@@ -402,7 +402,7 @@ def class_of_02():
         "kernel-crash": (fixtures.fill(_release(A2), {
             **full, first_answer: full[first_answer] + "\nimport os\nos._exit(0)"}),
             crash_loses, []),
-        # Issue 57: an answer cell Python cannot compile is flagged, with the cell and its line
+        # An answer cell Python cannot compile is flagged, with the cell and its line
         "syntax-error": (fixtures.fill(_release(A2), {
             **full, first_answer: full[first_answer] + "\ndef broken(:\n    pass\n"}),
             crash_loses, [f"does not compile: SyntaxError in {first_answer}, line "]),
@@ -413,7 +413,7 @@ def class_of_02():
     }
 
 
-# Issue 57's synthetic class (chapter 02's wrong fixtures, one student each): two pairs name the
+# The class report's synthetic class (chapter 02's wrong fixtures, one student each): two pairs name the
 # same rule (SAME_RULE: one misconception of two students), the others a rule of their own on
 # the same question, so the report's grouping is seen both ways.
 SAME_RULE = [("grow_embedding_cat_not_leaf", "grow_embedding_requires_grad_after_cat"),
@@ -840,7 +840,7 @@ def test_grading_log_says_only_what_matters(graded_class):
     assert cells, "the edited test cells are no longer reported at all"
     assert cells <= {"test_pick_device_auto", "test_pick_device_named"}, sorted(cells)
     assert "Answer cell common_device was deleted" in log
-    # Issue 57: nbconvert's display_data_priority, "not recognized" by two feedback
+    # nbconvert's display_data_priority, "not recognized" by two feedback
     # preprocessors, was logged twice for every submission
     assert "display_data_priority" not in log
 
@@ -971,7 +971,7 @@ def test_feedback_is_what_nbgraders_generate_feedback_writes(graded_class, tmp_p
     assert compared >= 6, compared
 
 
-# -- issue 57: the class report -------------------------------------------------------------
+# -- the class report -----------------------------------------------------------------------
 
 def _report(graded_class) -> dict:
     return json.loads((graded_class["course"].root / "grades-report.json").read_text(encoding="utf-8"))
@@ -987,7 +987,7 @@ def _lost(name, students):
 
 
 def test_class_report_counts_match_the_csv_and_the_fixtures(graded_class):
-    """Issue 57: every grade-class run writes the class report beside the CSV; its counts are the
+    """Every grade-class run writes the class report beside the CSV; its counts are the
     CSV's (scores, not graded, flagged) and the fixtures' (who loses which question), and the
     wrong fixtures that break the same rule are one misconception, with its lesson section."""
     report = _report(graded_class)["assignments"]
@@ -1115,7 +1115,7 @@ def test_class_report_reads_on_a_phone(graded_class):
 
 @pytest.mark.timeout(900)
 def test_grade_class_leaves_the_course_release_alone(tmp_path):
-    """Issue 57: every run regenerated the tracked exercises/NN with nbgrader ("Removing existing
+    """grade-class used to regenerate the tracked exercises/NN with nbgrader ("Removing existing
     assignment"), so an instructor's edit there was lost without a word. Now the release goes
     to a folder of the run's own; an edited release stays, and a note names its file; an
     unedited one gets no note. (No submission: generate and export only, no grading.)"""

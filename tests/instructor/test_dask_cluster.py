@@ -197,7 +197,7 @@ def test_the_kubernetes_manifest_starts_a_worker_that_joins(tmp_path):
 
 # A LocalCluster of one worker with a nanny (`--scheduler local`), and a recycling threshold every
 # worker passes (1 MiB): after each submission grade-class asks the worker's nanny for a fresh
-# process, as it does for a worker a hostile answer left holding memory (issue 54). Two
+# process, as it does for a worker a hostile answer left holding memory. Two
 # submissions of 02: about a minute and a half on the loaded 2-core machine.
 @pytest.mark.timeout(900, method="thread")
 def test_a_dask_worker_past_the_memory_threshold_is_restarted_between_submissions(tmp_path):

@@ -1,4 +1,4 @@
-"""docs/INSTRUCTORS.md as a newcomer reads it (issue 57): its first-run section's commands,
+"""docs/INSTRUCTORS.md as a newcomer reads it: its first-run section's commands,
 run as written in a fresh copy of the repository, reach grades, the class report and feedback
 pages; and the numbers it gives about the course (each chapter's points, the simulated class's
 size) are the course's own, so they cannot go stale again: the points come from solutions/, the

@@ -159,7 +159,7 @@ def test_messages_say_whose_error_it_is_and_keep_the_end_of_long_ones():
                                                "Cell \x1b[32mIn[4], line 3\x1b[0m, in move_to(batch)\n  x + 1"])]
     from coursetools.grading import hints
     from coursetools.learner.selfcheck import RAISED_FIX
-    # the learner's own error has a fix too (issue 55: every failure has one)
+    # the learner's own error has a fix too (every failure has one)
     assert _message(raised, Outcome.ERROR) == ("TypeError: unsupported operand  [raised by your code, Cell In[4], line 3, "
                                                "in move_to(batch)]" + hints.FIX_MARKER + RAISED_FIX)
     failed = v4.new_code_cell("test()")

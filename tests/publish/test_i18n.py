@@ -133,7 +133,7 @@ def test_glossary_check_flags_english_terms_and_allows_code_and_kept_terms():
         assert not checks.glossary_problems(fine, terms), fine
 
 
-ONE_NAME = [  # (the glossary's name, a rendering it avoids): issue 55, one name per idea
+ONE_NAME = [  # (the glossary's name, a rendering it avoids); one name per idea
     ("在 CPU 版 PyTorch 上", "在只有 CPU 的构建上"), ("安装的是 CPU 版 PyTorch", "安装的是只支持 CPU 的 PyTorch"),
     ("说出漏搬的张量在哪里创建", "说出放错设备的张量在哪里创建"), ("用假张量演示", "用伪张量演示"),
     ("是同一类 bug", "是同一类缺陷"), ("测试设备也有 bug", "测试设备也有漏洞"),
@@ -546,7 +546,7 @@ def test_lab_lang_zh_copies_the_chinese_edition_and_sets_jupyterlab_in_chinese(t
 def test_self_check_of_a_chinese_wrong_answer_says_each_failure_in_chinese(tmp_path, capsys):
     """`make.py check --explain` on a Chinese exercise with realistic wrong answers: under each
     failing test's English message (kept for searching) a Chinese line, `提示：…`, and the fix
-    in Chinese, `修正方法：…`, under the English fix (issues 38 and 55): every failure has one."""
+    in Chinese, `修正方法：…`, under the English fix: every failure has one."""
     from coursetools.author import fixtures
     from coursetools.learner import selfcheck
     name = "01_device_basics"
@@ -568,7 +568,7 @@ def test_self_check_of_a_chinese_wrong_answer_says_each_failure_in_chinese(tmp_p
     for block in failing:  # the message at 12 columns, its fix at 14 (each: English, then Chinese)
         lines = block.splitlines()[1:]
         assert any(line.startswith(" " * 12 + "提示：") for line in lines), f"no Chinese line:\n{block}"
-        # every failure has a fix (issue 55): the English under "How to fix:", the Chinese under 修正方法
+        # every failure has a fix: the English under "How to fix:", the Chinese under 修正方法
         assert any(line.startswith(" " * 14 + "How to fix: ") for line in lines), f"no fix:\n{block}"
         assert any(line.startswith(" " * 14 + "修正方法：") for line in lines), f"the fix has no Chinese:\n{block}"
         assert not any(line.startswith(" " * 14 + "提示：") for line in lines), f"提示 is the observation's:\n{block}"
@@ -585,7 +585,7 @@ def test_self_check_of_a_chinese_notebook_reports_in_chinese(capsys):
     out = capsys.readouterr().out
     assert status == 1
     assert "得分：0/26" in out and "仅可见测试" in out and "尚未作答" in out, out
-    # the footer's command checks the same Chinese copy again, and answers in Chinese (issue 55)
+    # the footer's command checks the same Chinese copy again, and answers in Chinese
     assert "`python3 make.py check --explain 01 --lang zh`" in out, out
     assert "pick_device()：可用的最好设备" in out, out
     # the pointer to --explain (feedback in two steps) is translated too

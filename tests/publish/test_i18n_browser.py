@@ -6,7 +6,7 @@ Chromium opens the page the server asks for: the Chinese 00_start_here, with Jup
 menus in Chinese (the language pack, set by jupyter-config/zh/); its link leads to the Chinese
 lesson 01, which runs from the Chinese Run menu (运行 > 运行所有单元格) without an error, and
 says in Chinese what it prints: the setup line (with Colab's Chinese menu), its verdict lines, the
-"expected, not recorded on a GPU" label. In the same session (issue 55): the learner's copy of
+"expected, not recorded on a GPU" label. In the same session: the learner's copy of
 exercise 01 with two wrong answers, run top to bottom, shows its failing tests' messages in
 Chinese; and lesson 08's error index, find_lesson(), answers in Chinese with links to the Chinese
 lessons. The screenshots (test-artifacts/screenshots/jupyterlab-zh-*.png) are committed.
@@ -99,7 +99,7 @@ def test_jupyterlab_in_chinese_with_lesson_01(chromium, server_factory, monkeypa
     shutil.copy2(shot, SCREENSHOT)
     print(f"JupyterLab in Chinese, lesson 01 run: {SCREENSHOT}")
 
-    # What lesson 01 prints is Chinese: the setup line, a verdict, the GPU label (issue 55)
+    # What lesson 01 prints is Chinese: the setup line, a verdict, the GPU label
     printed = [o["text"] for c in cells for o in c["outputs"]]
     setup = " ".join(o["text"] for o in cells[0]["outputs"])
     on_cpu = "device: cpu" in setup

@@ -162,7 +162,7 @@ def test_check_report_prints_the_chinese_under_the_english_and_the_fix_only_when
     assert brief.count("提示：") == 1, brief  # the fix's Chinese only with --explain
     english_report = selfcheck.format_report(Path("x.ipynb"), "01_device_basics", [_failing_result(message)], 1.0, False)
     assert "提示" not in english_report
-    # with --explain the fix: the English under "How to fix:", the Chinese under 修正方法 (issue 55:
+    # with --explain the fix: the English under "How to fix:", the Chinese under 修正方法 (
     # 提示 stays the observation's label)
     assert full.count("提示：") == 1 and full.count("修正方法：") == 1 and "How to fix: " in full, full
     fix_line = next(i for i, line in enumerate(full.splitlines()) if "修正方法：" in line)

@@ -11,7 +11,7 @@
   Chinese renderings the glossary says to avoid (an `avoid` entry is a literal string, or a
   regular expression written `re:PATTERN`), and, for a term with a `first_use` form (嵌入
   （embedding）, Tensor Core（张量核心）), that form at the term's first occurrence in each file
-  (issue 55: one name per idea).
+  (one name per idea).
 """
 
 from __future__ import annotations
