@@ -10,9 +10,16 @@ Two sources, both inside the lessons, so the sheet cannot say what the notebooks
   The sheet lists each rule with a reference to that cell: chapter, section, and `cell [k]`,
   the k-th code cell (the `[k]` Jupyter shows after Restart & Run All).
 * **Chapter 08's error index**: the code cell that assigns `INDEX` (literal data: message,
-  pattern, chapters, cause, fix). This module reads it with `ast.literal_eval` (nothing is
-  run) and writes the markdown table of 08's section 5 between its two markers, and the
-  error table of the sheet.
+  pattern, where it is explained, cause, fix). This module reads it with `ast.literal_eval`
+  (nothing is run) and writes the markdown table of 08's section 5 between its two markers,
+  and the error table of the sheet.
+
+  Where a row is explained is a list of references, one per lesson section: `"01 §4"` (the
+  section whose heading is `## 4. ...` in chapter 01's lesson), `"08 §3.1"` (`### 3.1 ...`),
+  `"08 §2 row 4"` (the `### Row 4 · ...` heading inside 08's section 2), and `"07_2 §3.1"` for
+  the second part of a chapter in parts (`07_performance_2_waits.ipynb`): the keys of the
+  cell's `CHAPTERS`. The tables show each as a link labelled `07 §3.1` to that part; the site
+  points the link at the section itself (coursetools/publish/website.py).
 """
 
 from __future__ import annotations
@@ -62,9 +69,97 @@ class Rule:
 class ErrorRow:
     message: str
     pattern: str | None
-    chapters: list[str]
+    chapters: list[str]  # references: "01 §4", "08 §2 row 4", "07_2 §3.1"
     cause: str
     fix: str
+
+
+# A reference of an INDEX row: a chapter's lesson (its CHAPTERS key: "07" for the first part,
+# "07_2" for the second), a numbered section, and optionally a "Row k" heading inside it.
+REF = re.compile(r"(?P<key>\d\d(?:_\d+)?) §(?P<section>\d+(?:\.\d+)*)(?: row (?P<row>\d+))?")
+
+
+@dataclass(frozen=True)
+class Ref:
+    key: str               # "07_2"
+    section: str           # "3.1"
+    row: str | None        # "4" for "§2 row 4"
+
+    @property
+    def chapter(self) -> str:
+        return self.key[:2]
+
+    @property
+    def label(self) -> str:
+        """What the tables show: the chapter number and the section, never the part."""
+        return f"{self.chapter} §{self.section}" + (f" row {self.row}" if self.row else "")
+
+
+def parse_ref(text: str) -> Ref | None:
+    match = REF.fullmatch(text)
+    return Ref(match["key"], match["section"], match["row"]) if match else None
+
+
+def lesson_keys(root: Path) -> dict[str, str]:
+    """Each lesson's key in 08's CHAPTERS -> its file name: "07" for a chapter's first (or only)
+    lesson, "07_2", "07_3" for the next parts, in the order of layout.lessons."""
+    keys: dict[str, str] = {}
+    for path in layout.lessons(root):
+        chapter = path.name[:2]
+        part = sum(1 for k in keys if k[:2] == chapter) + 1
+        keys[chapter if part == 1 else f"{chapter}_{part}"] = path.name
+    return keys
+
+
+_FENCE = re.compile(r"(^(?:```|~~~).*?^(?:```|~~~)[^\n]*$)", re.MULTILINE | re.DOTALL)
+_HEADING_LINE = re.compile(r"^(#{1,6})\s+(\S.*)$", re.MULTILINE)
+
+
+def outside_fences(text: str) -> str:
+    """`text` with the content of fenced code blocks blanked (a heading there is code)."""
+    parts = _FENCE.split(text)
+    return "".join("" if i % 2 else part for i, part in enumerate(parts))
+
+
+def headings(nb: dict) -> list[tuple[int, int, str]]:
+    """(cell index, level, text) of every heading of a notebook's markdown cells, in order,
+    fenced code left out: the headings myst-parser gives anchors to, in its order."""
+    out = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "markdown":
+            out += [(index, len(m.group(1)), m.group(2).strip())
+                    for m in _HEADING_LINE.finditer(outside_fences(cell_text(cell)))]
+    return out
+
+
+def ref_heading(nb: dict, ref: Ref) -> int | None:
+    """The index, in `headings(nb)`, of the heading `ref` names: the level-2 or 3 heading
+    numbered `ref.section` ("## 4. ...", "### 3.1 ..."), or the "Row k" heading inside it;
+    None where the lesson has none."""
+    found = headings(nb)
+    number = re.compile(re.escape(ref.section) + r"\.?\s")
+    start = next((i for i, (_, level, text) in enumerate(found) if level in (2, 3) and number.match(text)), None)
+    if start is None or ref.row is None:
+        return start
+    row = re.compile(rf"row {ref.row}\b", re.IGNORECASE)
+    for i in range(start + 1, len(found)):
+        if found[i][1] <= found[start][1]:
+            break
+        if row.match(found[i][2]):
+            return i
+    return None
+
+
+def ref_cells(nb: dict, ref: Ref) -> list[dict] | None:
+    """The cells of the section (or row) `ref` names: from its heading's cell to the cell of the
+    next heading of its level or above (the lesson's end); None where it has no such heading."""
+    found = headings(nb)
+    at = ref_heading(nb, ref)
+    if at is None:
+        return None
+    cell, level = found[at][0], found[at][1]
+    end = next((c for c, lvl, _ in found[at + 1:] if lvl <= level), len(nb["cells"]))
+    return nb["cells"][cell:max(end, cell + 1)]
 
 
 @dataclass
@@ -190,10 +285,12 @@ def _message(text: str) -> str:
 
 
 def index_table(rows: list[ErrorRow], lessons: dict[str, str], prefix: str) -> str:
-    """The error table, its chapter links relative to the file it goes into (`prefix`)."""
+    """The error table, its chapter links relative to the file it goes into (`prefix`), each
+    labelled with its section (`[07 §3.1](07_performance_2_waits.ipynb)`)."""
     lines = ["| Message (part) | Cause | Fix | Chapter |", "|---|---|---|---|"]
     for row in rows:
-        links = ", ".join(f"[{ch}]({prefix}{lessons[ch]})" for ch in row.chapters)
+        refs = [parse_ref(ch) for ch in row.chapters]
+        links = ", ".join(f"[{ref.label}]({prefix}{lessons[ref.key]})" for ref in refs)
         lines.append(f"| {_message(row.message)} | {_cell(row.cause)} | {_cell(row.fix)} | {links} |")
     return "\n".join(lines)
 
@@ -208,7 +305,7 @@ def render_sheet(rules: list[Rule], rows: list[ErrorRow], lessons: dict[str, str
         "     error index (tests/author/test_cheatsheet.py keeps it in sync). Edit the notebooks, not this file. -->",
         "",
         "The course on one page: each device rule with the lesson cell that proves it, then each",
-        "error message with its cause, its fix and the chapter that explains it. *cell [k]* is the",
+        "error message with its cause, its fix and the section that explains it. *cell [k]* is the",
         "k-th code cell of the notebook, the `[k]` Jupyter shows after *Restart & Run All*.",
         "",
         "## Rules",
@@ -236,12 +333,56 @@ def _notebook_json(nb: dict) -> str:
     return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def read_chapters(path: Path) -> dict | None:
+    """The literal dict assigned to CHAPTERS in 08's INDEX cell (None where there is none)."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        tree = cellcode.parse(cell_text(cell)) if cell["cell_type"] == "code" else None
+        for node in tree.body if tree is not None else []:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id == "CHAPTERS"):
+                return ast.literal_eval(node.value)
+    return None
+
+
+def ref_problems(root: Path, rows: list[ErrorRow], source: str) -> list[str]:
+    """What is wrong with the INDEX rows' references: a malformed one, a lesson CHAPTERS does
+    not name as this repository does, a section or row heading the lesson does not have."""
+    lessons = lesson_keys(root)
+    problems = []
+    chapters = read_chapters(root / "course" / f"{INDEX_CHAPTER}.ipynb")
+    expected = {key: name.removesuffix(".ipynb") for key, name in lessons.items()}
+    if chapters != expected:
+        problems.append(f"{source}: CHAPTERS must map each lesson's key to its name, as the course has "
+                        f"them: {expected}")
+    notebooks: dict[str, dict] = {}
+    for row in rows:
+        for text in row.chapters:
+            ref = parse_ref(text)
+            if ref is None:
+                problems.append(f"{source} INDEX row {row.message!r}: {text!r} is not a reference like "
+                                "'01 §4', '08 §3.1', '08 §2 row 4' or '07_2 §3.1'")
+                continue
+            if ref.key not in lessons:
+                problems.append(f"{source} INDEX row {row.message!r}: {text!r} names no lesson "
+                                f"(the lessons: {', '.join(lessons)})")
+                continue
+            name = lessons[ref.key]
+            if name not in notebooks:
+                notebooks[name] = json.loads((root / "course" / name).read_text(encoding="utf-8"))
+            if ref_heading(notebooks[name], ref) is None:
+                where = f"heading 'Row {ref.row} ...' inside §{ref.section}" if ref.row else \
+                    f"heading numbered {ref.section} ('## {ref.section}. ...' or '### {ref.section} ...')"
+                others = [k for k, n in lessons.items() if k[:2] == ref.chapter and k != ref.key]
+                hint = f"; a chapter in parts names the part: {', '.join(others)}" if others else ""
+                problems.append(f"{source} INDEX row {row.message!r}: {text!r}: {name} has no {where}{hint}")
+    return problems
+
+
 def build(root: Path = layout.ROOT) -> Build:
     result = Build()
     course = root / "course"
-    lessons: dict[str, str] = {}  # chapter number -> its lesson; a chapter in parts: its first part
-    for path in layout.lessons(root):
-        lessons.setdefault(path.name[:2], path.name)
+    lessons = lesson_keys(root)
     for path in layout.lessons(root):
         rules, problems = read_rules(path)
         result.rules += rules
@@ -256,11 +397,10 @@ def build(root: Path = layout.ROOT) -> Build:
     except (ValueError, SyntaxError) as exc:
         result.problems.append(str(exc))
         return result
+    result.problems += ref_problems(root, result.rows, index_path.name)
     for row in result.rows:
-        unknown = [ch for ch in row.chapters if ch not in lessons]
-        if unknown:
-            result.problems.append(f"{index_path.name} INDEX row {row.message!r}: no lesson for "
-                                   f"chapter(s) {unknown}")
+        if not row.chapters:
+            result.problems.append(f"{index_path.name} INDEX row {row.message!r}: no section explains it")
         if not (row.cause.strip() and row.fix.strip()):
             result.problems.append(f"{index_path.name} INDEX row {row.message!r}: cause and fix "
                                    "must both be given")

@@ -109,12 +109,12 @@ def test_a_new_index_row_or_rule_changes_both_outputs(copy):
     def add_row(cells):
         cell = next(c for c in cells if text(c).startswith("# The error index"))
         cell["source"] = text(cell).replace(
-            "INDEX = [\n", 'INDEX = [\n    ("A brand-new message", None, ["02"], "a cause", "a fix"),\n')
+            "INDEX = [\n", 'INDEX = [\n    ("A brand-new message", None, ["02 §1"], "a cause", "a fix"),\n')
     edit(copy / "course" / "08_troubleshooting.ipynb", add_row)
     assert {p.name for p in cheatsheet.out_of_sync(cheatsheet.build(copy))} == {
         "CHEATSHEET.md", "08_troubleshooting.ipynb"}
     assert cheatsheet.main(["--root", str(copy)]) == 0  # regenerates both
-    assert "`A brand-new message` | a cause | a fix | [02](course/02_to_semantics.ipynb)" in \
+    assert "`A brand-new message` | a cause | a fix | [02 §1](course/02_to_semantics.ipynb)" in \
         (copy / cheatsheet.SHEET).read_text(encoding="utf-8")
     assert cheatsheet.main(["--check", "--root", str(copy)]) == 0
 
@@ -125,19 +125,73 @@ def test_a_new_index_row_or_rule_changes_both_outputs(copy):
     assert [p.name for p in cheatsheet.out_of_sync(cheatsheet.build(copy))] == ["CHEATSHEET.md"]
 
 
-def test_a_chapter_in_parts_links_its_errors_to_the_first_part(copy):
-    """A lesson split into parts (07_performance.ipynb, then 07_performance_tuning.ipynb) is one
-    chapter: an error row that names chapter 07 links to its first part, whatever the others are called."""
-    shutil.copy(copy / "course" / "02_to_semantics.ipynb", copy / "course" / "02_to_semantics_zz_part2.ipynb")
-
-    def add_row(cells):
+def add_index_row(root, refs: list[str], chapters: dict[str, str] | None = None):
+    """A row ("A brand-new message", ..., refs) at the top of the copy's INDEX; with
+    `chapters`, those keys added to CHAPTERS."""
+    def change(cells):
         cell = next(c for c in cells if text(c).startswith("# The error index"))
-        cell["source"] = text(cell).replace(
-            "INDEX = [\n", 'INDEX = [\n    ("A brand-new message", None, ["02"], "a cause", "a fix"),\n')
-    edit(copy / "course" / "08_troubleshooting.ipynb", add_row)
+        source = text(cell).replace(
+            "INDEX = [\n", f'INDEX = [\n    ("A brand-new message", None, {json.dumps(refs, ensure_ascii=False)}, '
+                           '"a cause", "a fix"),\n')
+        for key, name in (chapters or {}).items():
+            source = source.replace('    "08": "08_troubleshooting",\n', f'    "{key}": "{name}",\n    "08": "08_troubleshooting",\n')
+        cell["source"] = source
+    edit(root / "course" / "08_troubleshooting.ipynb", change)
+
+
+def test_a_row_links_the_part_of_a_chapter_that_has_its_section(copy):
+    """A chapter in parts (07_performance.ipynb, 07_performance_2_waits.ipynb, ...) is named
+    by part in 08's CHAPTERS ("07_2"); a row's reference "02_2 §3" links to that part, labelled
+    with the chapter and section only ("02 §3"), whatever the part's file is called."""
+    shutil.copy(copy / "course" / "02_to_semantics.ipynb", copy / "course" / "02_to_semantics_zz_part2.ipynb")
+    add_index_row(copy, ["02_2 §3", "08 §2 row 4"], {"02_2": "02_to_semantics_zz_part2"})
     assert cheatsheet.main(["--root", str(copy)]) == 0
     sheet = (copy / cheatsheet.SHEET).read_text(encoding="utf-8")
-    assert "`A brand-new message` | a cause | a fix | [02](course/02_to_semantics.ipynb)" in sheet
+    assert ("`A brand-new message` | a cause | a fix | [02 §3](course/02_to_semantics_zz_part2.ipynb), "
+            "[08 §2 row 4](course/08_troubleshooting.ipynb) |") in sheet
+
+
+def test_a_new_part_must_be_named_in_chapters(copy):
+    """A lesson part that 08's CHAPTERS does not list (or lists under another name) is reported
+    with the mapping to write: find_lesson() prints the lesson from CHAPTERS."""
+    shutil.copy(copy / "course" / "02_to_semantics.ipynb", copy / "course" / "02_to_semantics_zz_part2.ipynb")
+    result = cheatsheet.build(copy)
+    assert any("CHAPTERS must map" in p and "'02_2': '02_to_semantics_zz_part2'" in p for p in result.problems), \
+        result.problems
+
+
+@pytest.mark.parametrize("refs, says", [
+    (["02 §99"], "'02 §99': 02_to_semantics.ipynb has no heading numbered 99"),
+    (["08 §2 row 99"], "'08 §2 row 99': 08_troubleshooting.ipynb has no heading 'Row 99 ...' inside §2"),
+    (["08 §3 row 1"], "'08 §3 row 1'"),                 # row 1 is in §2, not in §3
+    (["07 §3.1"], "a chapter in parts names the part: 07_2, 07_3"),  # 07 §3.1 is in the second part
+    (["09 §1"], "'09 §1' names no lesson"),
+    (["02"], "'02' is not a reference like '01 §4'"),
+    (["02 4"], "'02 4' is not a reference"),
+    ([], "no section explains it"),
+])
+def test_a_reference_the_lessons_do_not_have_is_reported(copy, refs, says):
+    add_index_row(copy, refs)
+    result = cheatsheet.build(copy)
+    assert any(says in p for p in result.problems), result.problems
+    assert run_check(copy).returncode == 1
+
+
+def test_each_reference_names_the_heading_the_site_links_to():
+    """cheatsheet.ref_heading finds a numbered section, a subsection and a row inside a section,
+    and nothing for a number that is only a prefix ("3" is not "3.1")."""
+    nb = json.loads((ROOT / "course" / "08_troubleshooting.ipynb").read_text(encoding="utf-8"))
+    found = cheatsheet.headings(nb)
+
+    def title(ref):
+        at = cheatsheet.ref_heading(nb, cheatsheet.parse_ref(ref))
+        return None if at is None else found[at][2]
+    assert title("08 §3").startswith("3. Mismatch sources")
+    assert title("08 §3.1").startswith("3.1 Embedding indices")
+    assert title("08 §2 row 1").startswith("Row 1 · ")
+    assert title("08 §2 row 10").startswith("Row 10 · ")
+    assert title("08 §3 row 1") is None and title("08 §31") is None
+    assert cheatsheet.parse_ref("07_2 §3.1").label == "07 §3.1"
 
 
 def test_a_proof_cell_without_assert_is_reported(copy):
@@ -250,42 +304,49 @@ def _chapter_text(root, chapter):
 
 
 def index_rows_without_their_message(root):
-    """(message, chapter) for every INDEX row whose chapter's text does not contain the row's message:
-    its pattern (or the message itself, when the row has none), searched case-insensitively."""
+    """(message, reference) for every INDEX row whose referenced section does not contain the
+    row's message (its pattern, or the message itself when the row has none, searched
+    case-insensitively in the section's cells, whitespace collapsed)."""
     import re
 
-    texts: dict[str, str] = {}
+    keys = cheatsheet.lesson_keys(root)
     missing = []
     for row in cheatsheet.read_index(root / "course" / f"{cheatsheet.INDEX_CHAPTER}.ipynb"):
-        for chapter in row.chapters:
-            if chapter not in texts:
-                texts[chapter] = _chapter_text(root, chapter)
-            if not re.search(row.pattern or re.escape(row.message), texts[chapter], re.IGNORECASE):
-                missing.append((row.message, chapter))
+        for reference in row.chapters:
+            ref = cheatsheet.parse_ref(reference)
+            nb = json.loads((root / "course" / keys[ref.key]).read_text(encoding="utf-8"))
+            cells = cheatsheet.ref_cells(nb, ref) or []
+            section = " ".join(" ".join(text(c) for c in cells if cheatsheet.TABLE_START not in text(c)).split())
+            if not re.search(row.pattern or re.escape(row.message), section, re.IGNORECASE):
+                missing.append((row.message, reference))
     return missing
 
 
-def test_every_index_row_points_to_chapters_that_show_its_message():
-    """A learner sent to a chapter by the error index must find the message there: in its text, a
-    code cell that raises and asserts on it, or a comment quoting it (all parts of the chapter)."""
+def test_every_index_row_points_to_sections_that_show_its_message():
+    """A learner sent to a section by the error index must find the message there: in its text, a
+    code cell that raises and asserts on it, or a comment quoting it."""
     missing = index_rows_without_their_message(ROOT)
-    assert not missing, ("08's INDEX sends readers to chapters whose notebooks never show the message "
-                         "(point the row at the chapters that do, or add the message, with its proof, "
+    assert not missing, ("08's INDEX sends readers to sections that never show the message "
+                         "(point the row at the sections that do, or add the message, with its proof, "
                          "to the lesson): " + "; ".join(f"{m!r} -> {ch}" for m, ch in missing))
 
 
-def test_the_index_check_catches_a_row_pointing_to_the_wrong_chapter(copy):
-    """The check above fails on the index as it was before issue 31 (three rows pointing to chapters
-    that never mention their message), here re-created on a copy."""
+def test_the_index_check_catches_a_row_pointing_to_the_wrong_section(copy):
+    """The check above fails on a row that points to a chapter that never mentions its message
+    (as two rows once did) and on one that points to the right chapter but the wrong section."""
     def old_pointers(cells):
         cell = next(c for c in cells if text(c).startswith("# The error index"))
         source = text(cell).replace(
-            '"Cannot copy out of meta tensor", ["00"]', '"Cannot copy out of meta tensor", ["04"]').replace(
-            '"Placeholder storage has not been allocated on MPS",\n     ["08"]',
-            '"Placeholder storage has not been allocated on MPS",\n     ["01", "08"]')
-        assert source != text(cell)
+            '"Cannot copy out of meta tensor", ["00 §3"]', '"Cannot copy out of meta tensor", ["04 §7"]').replace(
+            '"Placeholder storage has not been allocated on MPS",\n     ["08 §3.1"]',
+            '"Placeholder storage has not been allocated on MPS",\n     ["01 §4", "08 §3.1"]').replace(
+            '"Torch not compiled with CUDA enabled", None, ["01 §1", "08 §2 row 2"]',
+            '"Torch not compiled with CUDA enabled", None, ["01 §2", "08 §2 row 2"]')
+        assert source.count("04 §7") == 1 and source.count('["01 §4", "08 §3.1"]') == 1 and source.count('["01 §2"') == 1
         cell["source"] = source
     edit(copy / "course" / "08_troubleshooting.ipynb", old_pointers)
     missing = index_rows_without_their_message(copy)
-    assert ("Cannot copy out of meta tensor; no data!", "04") in missing
-    assert ("Placeholder storage has not been allocated on MPS device!", "01") in missing
+    assert ("Cannot copy out of meta tensor; no data!", "04 §7") in missing
+    assert ("Placeholder storage has not been allocated on MPS device!", "01 §4") in missing
+    assert ("Torch not compiled with CUDA enabled", "01 §2") in missing
+    assert len(missing) == 3, missing

@@ -285,9 +285,9 @@ def test_lesson_08_find_lesson_answers_in_chinese_with_chinese_links(fresh):
     Chinese lessons (zh/course/, locally and in Colab); the messages it matches stay English."""
     nb = _nb(fresh.outputs["zh/course/08_troubleshooting.ipynb"])
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert "/blob/main/zh/course/" in code and "zh/course/{CHAPTERS[ch]}.ipynb" in code
+    assert "/blob/main/zh/course/" in code and "zh/course/{lesson}.ipynb" in code
     assert "原因：{cause}" in code
-    assert '("Expected all tensors to be on the same device", None, ["01", "08"],\n     "同一运算' in code
+    assert '("Expected all tensors to be on the same device", None, ["01 §4", "08 §4"],\n     "同一运算' in code
 
 
 @pytest.mark.parametrize("src", NOTEBOOK_SOURCES, ids=IDS)
