@@ -48,12 +48,14 @@ class ErrorRow:
     """One row of the Errors table. `message`: the backquoted text of its first cell, as the
     cheat sheet writes it (` / ` between alternative wordings, `...` for an elided part);
     `anchor`: its id on the page; `chapters`: the targets of the Chapter cell's links, as
-    written (`course/08_troubleshooting.ipynb`); `cause`: the Cause cell as plain text, the
-    excerpt a search result shows."""
+    written (`course/08_troubleshooting.ipynb#4-a-debugging-routine` on the site, where each
+    points at its section); `labels`: those links' texts (`08 §4`); `cause`: the Cause cell as
+    plain text, the excerpt a search result shows."""
     message: str
     anchor: str
     chapters: tuple[str, ...]
     cause: str
+    labels: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,8 +223,10 @@ def error_rows(markdown: str, source: str = "CHEATSHEET.md") -> list[ErrorRow]:
             anchor, n = f"{base}-{n}", n + 1
         used.add(anchor)
         last = cells[-1] if len(cells) >= 3 else ""
-        chapters = [m.group(2) for m in _MD_LINK.finditer(last)] + [m.group(1) for m in _HTML_LINK.finditer(last)]
-        rows.append(ErrorRow(message, anchor, tuple(chapters), plain_text(cells[1])))
+        links = [(m.group(1), m.group(2)) for m in _MD_LINK.finditer(last)] + \
+            [(m.group(2), m.group(1)) for m in _HTML_LINK.finditer(last)]
+        rows.append(ErrorRow(message, anchor, tuple(t for _, t in links), plain_text(cells[1]),
+                             tuple(plain_text(label) for label, _ in links)))
     return rows
 
 
@@ -263,13 +267,15 @@ def html_url(target: str, page: str) -> str:
 
 def error_index(rows: list[ErrorRow], page: str) -> list[dict]:
     """The search page's error index (JSON-ready): for each row, its message, anchor, the URL
-    of the row (`CHEATSHEET.html#error-...`), its cause and its chapters' URLs, every URL
-    relative to the edition's root (the script resolves them against its own `_static/`'s
+    of the row (`CHEATSHEET.html#error-...`), its cause and the sections that explain it
+    (`{"label": "08 §4", "url": "course/08_troubleshooting.html#4-a-debugging-routine"}`), every
+    URL relative to the edition's root (the script resolves them against its own `_static/`'s
     parent). `page`: the staged markdown path of the page that shows the rows
     ("CHEATSHEET.md")."""
     page_html = html_url(posixpath.basename(page), page).partition("#")[0]
-    return [{"message": r.message, "anchor": r.anchor, "url": f"{page_html}#{r.anchor}",
-             "cause": r.cause, "chapters": [html_url(c, page) for c in r.chapters]} for r in rows]
+    return [{"message": r.message, "anchor": r.anchor, "url": f"{page_html}#{r.anchor}", "cause": r.cause,
+             "chapters": [{"label": label, "url": html_url(c, page)}
+                          for label, c in zip(r.labels or r.chapters, r.chapters)]} for r in rows]
 
 
 def write_error_index(html_dir: Path, markdown: str, page: str = "CHEATSHEET.md",

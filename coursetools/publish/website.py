@@ -237,10 +237,7 @@ def heading_slugs(markdown: str) -> set[str]:
     return {slug(m.group(0)) for m in HEADING.finditer(_outside_fences(markdown))}
 
 
-def _outside_fences(text: str) -> str:
-    """`text` with the content of fenced code blocks blanked (links there are code)."""
-    parts = re.split(r"(^(?:```|~~~).*?^(?:```|~~~)[^\n]*$)", text, flags=re.MULTILINE | re.DOTALL)
-    return "".join("" if i % 2 else part for i, part in enumerate(parts))
+_outside_fences = cheatsheet.outside_fences  # fenced code blanked: links and headings there are code
 
 
 def rewrite_links(text: str, origin: str, dest: str, pages, root: Path,
@@ -442,22 +439,79 @@ def readme_intro(readme: str) -> str:
 
 def _headings(nb: dict) -> tuple[list[str], list[tuple[int, int | None]]]:
     """A lesson's heading anchors, in order (every heading takes its slug, as myst-parser
-    gives them), and for each markdown cell (its index) the index of the last level-1 to 3
-    heading so far outside recorded GPU output: the section a rule cell stands in."""
+    gives them; the order of cheatsheet.headings), and for each markdown cell (its index) the
+    index of the last level-1 to 3 heading so far outside recorded GPU output: the section a
+    rule cell stands in."""
     slug = Slugger()
     anchors: list[str] = []
     sections: list[tuple[int, int | None]] = []
     last = None
+    found = cheatsheet.headings(nb)
+    at = 0
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "markdown":
             continue
         tags = cell.get("metadata", {}).get("tags", [])
-        for match in HEADING.finditer(_outside_fences(cheatsheet.cell_text(cell))):
-            anchors.append(slug(match.group(0)))
-            if re.match(r"^#{1,3}\s", match.group(0)) and gpu_records.RECORD_TAG not in tags:
+        while at < len(found) and found[at][0] == index:
+            _, level, text = found[at]
+            anchors.append(slug("#" * level + " " + text))
+            if level <= 3 and gpu_records.RECORD_TAG not in tags:
                 last = len(anchors) - 1
+            at += 1
         sections.append((index, last))
     return anchors, sections
+
+
+def _shown_anchors(lesson: Path, shown: Path | None) -> list[str]:
+    """The heading anchors of `shown`, the lesson's Chinese version (same cells, headings
+    translated), or of the lesson itself."""
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    anchors, _ = _headings(nb)
+    if shown is None or shown == lesson:
+        return anchors
+    shown_anchors, _ = _headings(json.loads(shown.read_text(encoding="utf-8")))
+    if len(shown_anchors) != len(anchors):
+        raise SiteError(f"{shown.name}: its Chinese version has {len(shown_anchors)} headings, the English "
+                        f"lesson {len(anchors)}: run `python3 make.py i18n build`")
+    return shown_anchors
+
+
+# A link labelled with a lesson section, as the error tables write them (coursetools/author/
+# cheatsheet.py): "[07 §3.1](course/07_performance_2_waits.ipynb)", "[08 §2 row 4](...)"; the
+# Chinese tables say "第 4 行" for "row 4".
+SECTION_LINK = re.compile(r"\[(?P<label>\d\d §(?P<section>\d+(?:\.\d+)*)(?: row (?P<row>\d+)| 第 (?P<zh_row>\d+) 行)?)\]"
+                          r"\((?P<target>[^()#\s]+\.ipynb)\)")
+
+
+def section_links(text: str, origin: str, root: Path, edition: "Edition") -> str:
+    """`text` (markdown of repository file `origin`) with each link labelled as a lesson
+    section pointing at that section's heading: `[01 §4](course/01_device_basics.ipynb)`
+    gets `#4-the-same-device-rule-and-its-two-exceptions`. The heading is found in the English
+    lesson (cheatsheet.ref_heading), its anchor taken from the edition's own lesson. A label
+    whose section the lesson does not have is a SiteError (`make.py cheatsheet` checks the
+    index's references the same way)."""
+    cache: dict[str, tuple[dict, list[str]]] = {}
+
+    def sub(m: re.Match) -> str:
+        shown_rel = posixpath.normpath(posixpath.join(posixpath.dirname(origin), m["target"]))
+        english_rel = shown_rel
+        if edition.repo_dir and shown_rel.startswith(edition.repo_dir + "/"):
+            english_rel = shown_rel[len(edition.repo_dir) + 1:]
+        if not english_rel.startswith("course/") or not (root / english_rel).exists():
+            return m.group(0)
+        if english_rel not in cache:
+            lesson, shown = root / english_rel, root / shown_rel
+            cache[english_rel] = (json.loads(lesson.read_text(encoding="utf-8")),
+                                  _shown_anchors(lesson, shown if shown.exists() else None))
+        nb, anchors = cache[english_rel]
+        ref = cheatsheet.Ref(m["label"][:2], m["section"], m["row"] or m["zh_row"])
+        at = cheatsheet.ref_heading(nb, ref)
+        if at is None:
+            raise SiteError(f"{origin}: the link [{m['label']}]({m['target']}) names a section {english_rel} "
+                            "does not have: run `python3 make.py cheatsheet`")
+        return f"[{m['label']}]({m['target']}#{anchors[at]})"
+
+    return SECTION_LINK.sub(sub, text)
 
 
 def rule_anchors(lesson: Path, shown: Path | None = None) -> dict[str, str]:
@@ -467,13 +521,8 @@ def rule_anchors(lesson: Path, shown: Path | None = None) -> dict[str, str]:
     headings translated), when given."""
     nb = json.loads(lesson.read_text(encoding="utf-8"))
     rules, _ = cheatsheet.read_rules(lesson)
-    anchors, sections = _headings(nb)
-    if shown is not None:
-        shown_anchors, _ = _headings(json.loads(shown.read_text(encoding="utf-8")))
-        if len(shown_anchors) != len(anchors):
-            raise SiteError(f"{shown.name}: its Chinese version has {len(shown_anchors)} headings, the English "
-                            f"lesson {len(anchors)}: run `python3 make.py i18n build`")
-        anchors = shown_anchors
+    _, sections = _headings(nb)
+    anchors = _shown_anchors(lesson, shown)
     found: dict[str, str] = {}
     sentences = iter(rules)
     for index, last in sections:
@@ -629,6 +678,7 @@ def cheatsheet_page(root: Path, pages, edition: Edition = EN) -> str:
     # Each error row gets an anchor: a pasted error message's first search result is its row
     # (coursetools/publish/site_search.py, website/_static/course-search.js).
     text = site_search.anchor_error_rows(text, origin)
+    text = section_links(text, origin, root, edition)
     return link_cells(rewrite_links(text, origin, cheatsheet.SHEET, pages, root), cheatsheet.SHEET)
 
 
@@ -774,7 +824,8 @@ def stage(root: Path, dest: Path, edition: Edition = EN, other: bool = False, ou
         nb = notebooks.read(lesson)
         for cell in nb.cells:
             if cell.cell_type == "markdown":
-                cell.source = local_badge(rewrite_links(cell.source, pages[rel], rel, targets, root), rel)
+                source = section_links(cell.source, pages[rel], root, edition)
+                cell.source = local_badge(rewrite_links(source, pages[rel], rel, targets, root), rel)
         resources += extract_attachments(nb, rel, dest)
         if outputs is not None:
             outputs(rel, nb)

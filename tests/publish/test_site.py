@@ -706,6 +706,47 @@ def test_every_error_row_has_an_anchor_and_an_index_entry(site, edition):
         assert entry["url"] == f"CHEATSHEET.html#{row.anchor}" and entry["message"] == row.message
 
 
+@EDITIONS
+def test_a_search_hits_chapter_links_go_to_the_section_that_explains_it(site, edition):
+    """Each section the error index names ("08 §2 row 4") is a link to that section's heading on
+    the built lesson page, in the search's index and on the cheat sheet: the English heading
+    carries the number (or "Row k"), the Chinese one is the heading at the same place."""
+    from coursetools.publish import site_search
+
+    html_dir = edition_html(site, edition)
+    index = json.loads((html_dir / site_search.INDEX_FILE).read_text(encoding="utf-8"))
+    sheet = (html_dir / "CHEATSHEET.html").read_text(encoding="utf-8")
+
+    def headings(page_dir: Path, page: str) -> list[tuple[str, str]]:
+        """(id, heading text) of each section of a built page, ids of the heading's <span> included."""
+        raw = (page_dir / page).read_text(encoding="utf-8")
+        found = re.findall(r'<section id="([^"]+)">\s*((?:<span id="[^"]+"></span>)*)\s*<h\d[^>]*>(.*?)</h\d>', raw, re.DOTALL)
+        return [(" ".join([sid, *re.findall(r'id="([^"]+)"', spans)]), page_text_of(text).rstrip("#").strip())
+                for sid, spans, text in found]
+
+    found: list[tuple[str, int]] = []   # (page, its section's place) of each link of the index
+    for entry in index:
+        assert entry["chapters"], entry["message"]
+        for where in entry["chapters"]:
+            page, _, anchor = where["url"].partition("#")
+            assert anchor, f"{edition.lang}: {entry['message']!r}: {where['label']} links to the top of {page}"
+            sections = headings(html_dir, page)
+            at = next((i for i, (ids, _) in enumerate(sections) if anchor in ids.split()), None)
+            assert at is not None, f"{edition.lang}: {page} has no section #{anchor}"
+            label = re.match(r"(\d\d) §([\d.]+)(?: row (\d+)| 第 (\d+) 行)?$", where["label"])
+            assert label and page.startswith(f"course/{label[1]}_"), where
+            english = headings(site["html"], page)[at][1]
+            expected = f"Row {label[3] or label[4]} " if (label[3] or label[4]) else f"{label[2]}{'.' if '.' not in label[2] else ''} "
+            assert english.startswith(expected), f"{where['label']} links to {english!r}"
+            found.append((page, at))
+        # The cheat sheet's row links to the same sections (myst writes the section's own id).
+        row = re.search(rf'<tr[^>]*>\s*<td><p><span id="{entry["anchor"]}".*?</tr>', sheet, re.DOTALL)
+        links = re.findall(r'href="(course/[^"#]+)#([^"]+)"', row.group(0).rsplit("<td>", 1)[1])
+        assert [(page, next(i for i, (ids, _) in enumerate(headings(html_dir, page)) if anchor in ids.split()))
+                for page, anchor in links] == found[-len(entry["chapters"]):], (edition.lang, entry["message"], links)
+    assert len(found) >= len(index) >= 30, (len(found), len(index))
+
+
 def test_every_myths_citation_names_a_cell_the_lesson_has(site):
     """A "proven in" citation that matches no code cell stays plain text; the build lists it.
     This fails while docs/MYTHS.md quotes a comment line the lesson no longer has."""

@@ -50,6 +50,9 @@ def test_error_rows_of_the_cheat_sheet(lang):
     same = next(r for r in rows if r.message == "Expected all tensors to be on the same device")
     assert same.anchor == SAME_DEVICE
     assert same.chapters == ("course/01_device_basics.ipynb", "course/08_troubleshooting.ipynb")
+    assert same.labels == ("01 §4", "08 §4")
+    assert all(len(r.labels) == len(r.chapters) and all(re.fullmatch(r"\d\d §[\d.]+( row \d+| 第 \d+ 行)?", label)
+                                                         for label in r.labels) for r in rows), rows
     assert all(r.chapters and all(c.startswith("course/") for c in r.chapters) for r in rows)
     assert all(r.cause and "`" not in r.cause and "](" not in r.cause for r in rows)
     by_message = {r.message: r for r in rows}
@@ -89,13 +92,49 @@ def test_error_index():
     first = index[0]
     assert first == {"message": rows[0].message, "anchor": rows[0].anchor,
                      "url": f"CHEATSHEET.html#{rows[0].anchor}", "cause": rows[0].cause,
-                     "chapters": ["course/01_device_basics.html", "course/08_troubleshooting.html"]}
+                     "chapters": [{"label": "01 §4", "url": "course/01_device_basics.html"},
+                                  {"label": "08 §4", "url": "course/08_troubleshooting.html"}]}
     # A page in a folder: its links are relative to it, the URLs to the edition's root.
     deeper = site_search.error_index(rows[:1], "docs/SHEET.md")[0]
     assert deeper["url"] == f"docs/SHEET.html#{rows[0].anchor}"
-    assert deeper["chapters"] == ["docs/course/01_device_basics.html", "docs/course/08_troubleshooting.html"]
+    assert [c["url"] for c in deeper["chapters"]] == ["docs/course/01_device_basics.html",
+                                                      "docs/course/08_troubleshooting.html"]
     assert site_search.html_url("https://example.org/a.md", "CHEATSHEET.md") == "https://example.org/a.md"
     assert site_search.html_url("../course/08_x.ipynb#s-3", "docs/A.md") == "course/08_x.html#s-3"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_sites_cheat_sheet_links_each_error_to_its_section(tmp_path, lang):
+    """On the site, each row's links go to the section that explains the message, not to the top
+    of the chapter: the staged cheat sheet (what Sphinx builds, and what the search's index is
+    made from) gives each the anchor of that section's heading, the Chinese edition its
+    translated heading's. (tests/publish/test_site.py checks, on the built site, that each
+    anchor is the section.)"""
+    edition = website.EN if lang == "en" else website.ZH
+    website.stage(ROOT, tmp_path, edition)
+    rows = site_search.error_rows((tmp_path / "CHEATSHEET.md").read_text(encoding="utf-8"))
+    same = next(r for r in rows if r.message == "Expected all tensors to be on the same device")
+    assert same.chapters == (("course/01_device_basics.ipynb#4-the-same-device-rule-and-its-two-exceptions",
+                              "course/08_troubleshooting.ipynb#4-a-debugging-routine") if lang == "en" else
+                             ("course/01_device_basics.ipynb#4-同设备规则及其两个例外",
+                              "course/08_troubleshooting.ipynb#4-一套调试流程"))
+    loaded = next(r for r in rows if r.message.startswith("'pin_memory' argument"))
+    assert loaded.chapters[0].startswith("course/07_performance_2_waits.ipynb#31-")  # the part that has §3.1
+    assert loaded.labels == (("07 §3.1", "08 §2 row 6") if lang == "en" else ("07 §3.1", "08 §2 第 6 行"))
+    assert all(len(r.chapters) == len(r.labels) and all("#" in c for c in r.chapters) for r in rows)
+    # Lesson 08's own copy of the table does the same.
+    lesson = json.loads((tmp_path / "course" / "08_troubleshooting.ipynb").read_text(encoding="utf-8"))
+    table = next("".join(c["source"]) for c in lesson["cells"] if "error-index:start" in "".join(c["source"]))
+    assert re.search(r"\[01 §4\]\(01_device_basics\.(ipynb|md)#4-", table), table[:600]
+
+
+def test_a_section_link_the_lesson_does_not_have_stops_the_build():
+    text = "| `m` | c | f | [01 §99](course/01_device_basics.ipynb) |"
+    with pytest.raises(website.SiteError, match=r"\[01 §99\].*run `python3 make.py cheatsheet`"):
+        website.section_links(text, "CHEATSHEET.md", ROOT, website.EN)
+    assert website.section_links("[01](course/01_device_basics.ipynb)", "CHEATSHEET.md", ROOT, website.EN) == \
+        "[01](course/01_device_basics.ipynb)"  # a plain chapter link stays as it is
 
 
 @pytest.mark.timeout(60)
@@ -206,7 +245,9 @@ def served(tmp_path_factory):
         edition = folder / prefix
         (edition / "_static").mkdir(parents=True, exist_ok=True)
         shutil.copy2(SCRIPT, edition / "_static" / "course-search.js")
-        site_search.write_error_index(edition, sheet(lang))
+        # The cheat sheet as the site stages it: its chapter links go to sections.
+        website.stage(ROOT, folder / f"staged-{lang}", website.EN if lang == "en" else website.ZH)
+        site_search.write_error_index(edition, (folder / f"staged-{lang}" / "CHEATSHEET.md").read_text(encoding="utf-8"))
         (edition / "search.html").write_text(SEARCH_PAGE.format(lang="zh-CN" if lang == "zh" else "en", root=""),
                                              encoding="utf-8")
     httpd = website.server(folder, port=0)
@@ -281,7 +322,7 @@ def test_a_pasted_message_finds_its_row_first(served, page, query, anchor):
     assert got["order"] == ["H2.", "P.search-summary", "UL.search course-error-hits", "UL.search"], got
     assert got["text"].startswith(next(e["message"] for e in site_search.error_index(
         site_search.error_rows(sheet("en")), "CHEATSHEET.md") if e["anchor"] == anchor))
-    assert "Cheat sheet, errors: " in got["text"] and "chapter 0" in got["text"]
+    assert "Cheat sheet, errors: " in got["text"] and re.search(r"Explained in chapter 0\d §\d", got["text"]), got
 
 
 @pytest.mark.timeout(180)
@@ -308,6 +349,18 @@ def test_the_chinese_edition_uses_its_own_index(served, page):
     cheat sheet and chapters, the cause in Chinese."""
     got = first_results(page, served, PASTED[1][0], prefix="zh/")
     assert got["hits"][0] == f"{served}zh/CHEATSHEET.html#{SAME_DEVICE}", got
-    assert "同一运算" in got["text"] and "第 01 章" in got["text"], got
+    assert "同一运算" in got["text"] and "第 01 章 §4" in got["text"], got
     links = page.evaluate("() => [...document.querySelectorAll('.course-error-chapters a')].map(a => a.href)")
-    assert links[:2] == [f"{served}zh/course/01_device_basics.html", f"{served}zh/course/08_troubleshooting.html"]
+    assert [urllib.parse.unquote(link) for link in links[:2]] == [
+        f"{served}zh/course/01_device_basics.html#4-同设备规则及其两个例外",
+        f"{served}zh/course/08_troubleshooting.html#4-一套调试流程"]
+
+
+@pytest.mark.timeout(180)
+def test_a_hits_chapter_links_go_to_the_sections(served, page):
+    """The result names each section ("chapter 08 §2 row 5") and its link goes there."""
+    got = first_results(page, served, PASTED[3][0])
+    assert "Explained in chapter 06 §2, chapter 08 §2 row 5" in got["text"], got
+    links = page.evaluate("() => [...document.querySelectorAll('.course-error-chapters a')].map(a => a.href)")
+    assert links[:2] == [f"{served}course/06_ddp.html#2-device-and-backend-per-process",
+                         f"{served}course/08_troubleshooting.html#row-5--cuda_visible_devices-set-still-out-of-memory-wrong-cause"], links

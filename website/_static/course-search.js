@@ -117,12 +117,13 @@
         const chapters = item.appendChild(document.createElement("span"));
         chapters.className = "course-error-chapters";
         chapters.append(w.chapters);
-        hit.chapters.forEach((url, i) => {
+        // Each goes to the section that explains the message: {label: "08 §2 row 4", url}.
+        hit.chapters.forEach((where, i) => {
           if (i) chapters.append(w.sep);
           const a = chapters.appendChild(document.createElement("a"));
-          a.href = new URL(url, base).href;
-          const number = (url.split("/").pop().match(/^(\d+)/) || [])[1];
-          a.textContent = number ? w.chapter(number) : url.split("/").pop().replace(/\.html.*$/, "");
+          a.href = new URL(where.url, base).href;
+          const m = where.label.match(/^(\d+)\s*(.*)$/);
+          a.textContent = m ? w.chapter(m[1]) + (m[2] ? " " + m[2] : "") : where.label;
         });
       }
     }
