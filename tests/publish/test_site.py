@@ -976,6 +976,16 @@ _FIT_PROBLEMS = """() => {
   for (const pre of document.querySelectorAll('article pre'))
     if (pre.scrollWidth > pre.clientWidth + 1 && pre.offsetParent)
       out.push(`a code block hides ${pre.scrollWidth - pre.clientWidth} px of its lines: ${pre.innerText.slice(0, 60)}`);
+  // A header that takes room but shows nothing is an empty band across the page.
+  for (const band of document.querySelectorAll('#pst-header, .bd-header-article')) {
+    const r = band.getBoundingClientRect();
+    const shown = [...band.querySelectorAll('*')].some(e => {
+      const b = e.getBoundingClientRect();
+      return b.width > 0 && b.height > 0 && getComputedStyle(e).visibility !== 'hidden'
+        && (e.children.length === 0 || e.tagName === 'svg' || e.tagName === 'BUTTON');
+    });
+    if (r.height > 0 && !shown) out.push(`${band.id || band.className} is an empty ${Math.round(r.height)} px band`);
+  }
   const toc = document.querySelector('.bd-sidebar-secondary');
   if (toc && toc.offsetParent) {
     const r = toc.getBoundingClientRect();
@@ -989,7 +999,8 @@ _FIT_PROBLEMS = """() => {
 def test_site_fits_a_phone_and_a_desktop_in_both_themes(site, browser_page):
     """The landing page, a lesson, an exercise and the cheat sheet at 390 px and 1366 px, light
     and dark: nothing wider than the window (wide tables scroll inside their own box), no
-    code line hidden behind a scrollbar, the page-contents column whole; 16 screenshots. On
+    code line hidden behind a scrollbar, the page-contents column whole, no header that is an
+    empty band, a search button that opens the search; 16 screenshots. On
     the exercise page question 1 comes first, the locked set-up cells collapsed above it."""
     page = browser_page
     httpd = website.server(site["html"], port=0)
@@ -1019,6 +1030,15 @@ def test_site_fits_a_phone_and_a_desktop_in_both_themes(site, browser_page):
                     path = shot(page, f"site-{name}-{width}-{theme}.png")
                     shots.append(path.name)
                 problems += [f"{rel} at {width} px: {p}" for p in page.evaluate(_FIT_PROBLEMS)]
+            # Whatever the width, one visible search button opens the search dialog.
+            page.goto(f"{base}/index.html")
+            buttons = page.locator("button.search-button__button:visible")
+            if buttons.count() == 0:
+                problems.append(f"index.html at {width} px: no visible search button")
+            else:
+                buttons.first.click()
+                if not page.evaluate("() => document.getElementById('pst-search-dialog')?.open"):
+                    problems.append(f"index.html at {width} px: the search button opened no search dialog")
     finally:
         httpd.shutdown()
         httpd.server_close()
