@@ -288,6 +288,8 @@ def test_lesson_08_find_lesson_answers_in_chinese_with_chinese_links(fresh):
     assert "/blob/main/zh/course/" in code and "zh/course/{lesson}.ipynb" in code
     assert "原因：{cause}" in code
     assert '("Expected all tensors to be on the same device", None, ["01 §4", "08 §4"],\n     "同一运算' in code
+    # a row's section reads as the Chinese tables write it; the data stays what find_lesson() parses
+    assert '["08 §2 第 4 行"]' in code and " row 4" not in code
 
 
 @pytest.mark.parametrize("src", NOTEBOOK_SOURCES, ids=IDS)
