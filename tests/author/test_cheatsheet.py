@@ -1,6 +1,6 @@
 """CHEATSHEET.md and chapter 08's error table are what `python3 make.py cheatsheet` makes from
 the lessons' rule cells and 08's INDEX cell; every rule has a proof cell with an assert; the
-sheet covers the rule topics issue 15 asks for. The failure paths run on temporary copies."""
+sheet covers the rule topics it must (EXPECTED_TOPICS). The failure paths run on temporary copies."""
 
 from __future__ import annotations
 
@@ -283,7 +283,8 @@ def test_magics_and_recorded_gpu_blocks_change_nothing(copy):
     assert cheatsheet.out_of_sync(result) == []
 
 
-# ---- the error index points only to chapters that show the message (issue 31, item 14) ----
+# ---- the error index points only to sections that show the message (three rows once sent readers to chapters
+#      that never mention theirs) ----
 
 def _chapter_text(root, chapter):
     """Every cell's source (markdown, code, comments) of every part of a chapter, whitespace

@@ -27,6 +27,7 @@ from pathlib import Path
 import nbformat
 
 from coursetools import layout, notebooks
+from coursetools.author import cheatsheet
 from coursetools.publish.i18n import catalog, markdown, pycode, testmessages
 
 LOCALE_DIR = Path("locale") / catalog.LANGUAGE
@@ -439,10 +440,6 @@ def table_cells(nb, lookup: catalog.Lookup) -> dict[str, str]:
     return out
 
 
-# A section an error-index row names, "08 §2 row 4" (coursetools/author/cheatsheet.py: REF).
-_SECTION_ROW = re.compile(r"(\d\d(?:_\d+)? §\d+(?:\.\d+)*) row (\d+)")
-
-
 def translate_said(src: Source, cell, lookup: catalog.Lookup, stats: Stats, message_keys: dict[str, str],
                    table: dict[str, str]) -> str:
     """A cell's said literals (pycode.said) in Chinese: an exercise's test messages from their
@@ -458,8 +455,9 @@ def translate_said(src: Source, cell, lookup: catalog.Lookup, stats: Stats, mess
             return msgid[:-len("course/")] + f"{ZH_DIR}/course/"
         if src.kind == "lesson" and re.search(r"(^|\s)course/\{", msgid) and msgid not in entries:
             return re.sub(r"(^|\s)course/\{", rf"\1{ZH_DIR}/course/{{", msgid)  # find_lesson's lesson paths
-        if src.kind == "lesson" and (row := _SECTION_ROW.fullmatch(msgid)):
-            return f"{row[1]} 第 {row[2]} 行"  # an INDEX row's section, as the Chinese tables write it
+        if src.kind == "lesson" and (ref := cheatsheet.parse_ref(msgid)) and ref.row:
+            # an error-index row's section ("08 §2 row 4"), as the Chinese tables write it
+            return f"{ref.key} §{ref.section} 第 {ref.row} 行"
         if msgid in entries:
             stats.note(msgid, ctxt, lookup.state(msgid, ctxt))
             return lookup.get(msgid, ctxt)
